@@ -1,0 +1,41 @@
+# One entry point for humans and CI. `make test` builds its own virtualenv, so a fresh
+# clone needs nothing but python3 (>= 3.11), java (Pub/Sub emulator) and gcloud.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install lint typecheck test unit demo sandbox-up bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy shared functions
+
+# The README's test command: lint, types, then the whole pytest suite.
+test: lint typecheck
+	$(BIN)/pytest
+
+unit: install
+	$(BIN)/pytest -m "not integration"
+
+# The README's "run it" command.
+demo: install
+	$(BIN)/tpuprov demo
+
+bench: install
+	$(BIN)/tpuprov bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,55 @@
+"""Label, annotation and reason vocabulary shared by every module.
+
+Keeping the keys in one place means the provisioner, the releaser, the sandbox's simulated
+controllers and the tests cannot drift apart on a spelling.
+"""
+
+from __future__ import annotations
+
+# --- JobSet (jobset.x-k8s.io/v1alpha2) labels and annotations on Jobs and Pods.
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
+REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+JOB_KEY = "jobset.sigs.k8s.io/job-key"
+RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_PLURAL = "jobsets"
+
+# --- GKE node labels and pod selectors.
+TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+NODEPOOL = "cloud.google.com/gke-nodepool"
+SPOT = "cloud.google.com/gke-spot"
+RESERVATION_NAME = "cloud.google.com/reservation-name"
+RESERVATION_PROJECT = "cloud.google.com/reservation-project"
+TPU_RESOURCE = "google.com/tpu"
+# Selectors under these prefixes are GKE's business; every other selector is copied to node labels.
+RESERVED_LABEL_PREFIXES = ("cloud.google.com/", "google.com/", "kubernetes.io/", "k8s.io/")
+
+# --- The product's own vocabulary.
+PRODUCT_DOMAIN = "tpuprov.dev"
+MANAGED_BY = f"{PRODUCT_DOMAIN}/managed-by"
+MANAGED_BY_VALUE = "tpu-provisioner"
+OWNER_NAMESPACE = f"{PRODUCT_DOMAIN}/jobset-namespace"
+OWNER_NAME = f"{PRODUCT_DOMAIN}/jobset-name"
+OWNER_UID = f"{PRODUCT_DOMAIN}/jobset-uid"
+OWNER_REPLICATED_JOB = f"{PRODUCT_DOMAIN}/replicated-job"
+OWNER_JOB_INDEX = f"{PRODUCT_DOMAIN}/job-index"
+# A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.
+OPT_OUT = f"{PRODUCT_DOMAIN}/opt-out"
+# Resource (GCE) labels allow neither dots nor slashes; billing exports group by these.
+RESOURCE_LABEL_MANAGED_BY = "tpuprov-managed-by"
+RESOURCE_LABEL_JOBSET = "tpuprov-jobset"
+
+# --- Kubernetes Event reasons the product records.
+REASON_REQUESTED = "TPUSliceRequested"
+REASON_REFUSED = "TPUSliceRefused"
+REASON_FAILED = "TPUSliceFailed"
+REASON_RELEASED = "TPUSliceReleased"
+EVENT_COMPONENT = "tpu-provisioner"
