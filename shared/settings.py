@@ -76,11 +76,16 @@ class Settings:
     # Release / reconcile.
     release_grace_seconds: int = 0  # wait this long after Completed before releasing
     suspend_grace_seconds: int = 600  # release pools of a suspended JobSet after this long
-    error_backoff_seconds: int = 300  # after a failed pool, wait before requesting again
 
     # Setup / Kueue.
     manifests_dir: str = "/app/manifests"
     kueue_config_path: str = ""
+    jobset_version: str = "v0.10.1"
+    kueue_version: str = "v0.19.2"
+    # Bounds of one setup run; the total must stay inside Cloud Run's request timeout.
+    setup_timeout_seconds: int = 280
+    setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
+    setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
