@@ -8,6 +8,9 @@ from typing import Any
 
 from shared import labels
 
+# How long the sandbox scheduler lets a pod of this template run before it succeeds.
+RUN_SECONDS = "sandbox.tpuprov.dev/run-seconds"
+
 
 def tpu_jobset(
     name: str,
@@ -52,7 +55,7 @@ def tpu_jobset(
                             "completions": vms,
                             "backoffLimit": 0,
                             "template": {
-                                "metadata": {"annotations": {"sandbox.tpuprov.dev/run-seconds": str(run_seconds)}},
+                                "metadata": {"annotations": {RUN_SECONDS: str(run_seconds)}},
                                 "spec": {
                                     "restartPolicy": "Never",
                                     "nodeSelector": node_selector,

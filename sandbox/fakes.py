@@ -40,7 +40,7 @@ class FakeGke:
         self._lock = threading.Lock()
 
     def fail(self, method: str, kind: str, times: int = 1) -> None:
-        """Make the next ``times`` calls of ``method`` fail with ``kind``: 429|incompatible|rejected|unavailable."""
+        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected or unavailable."""
         errors: dict[str, Callable[[], Exception]] = {
             "429": lambda: TransientError(_TOO_MANY),
             "incompatible": lambda: TransientError(_INCOMPATIBLE),
@@ -66,7 +66,8 @@ class FakeGke:
     def get_cluster(self, cluster: str) -> ClusterInfo:
         """A fixed cluster description."""
         self._enter("get_cluster", cluster)
-        return ClusterInfo(name=cluster.rsplit("/", 1)[-1], location="", endpoint="127.0.0.1", ca_certificate="")
+        name = cluster.rsplit("/", 1)[-1]
+        return ClusterInfo(name=name, location="", endpoint="127.0.0.1", ca_certificate="")
 
     def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
         """Pools of the cluster, in name order."""
@@ -183,7 +184,9 @@ class FakeKube:
         self._read()
         return [copy.deepcopy(j) for (ns, _), j in sorted(self.jobsets.items()) if namespace in (None, ns)]
 
-    def record_event(self, involved: dict[str, Any], reason: str, message: str, warning: bool = False) -> None:
+    def record_event(
+        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
         """Keep the Event for assertions."""
         meta = involved.get("metadata") or {}
         self.events.append(

@@ -23,7 +23,9 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def expand_pods(jobset: dict[str, Any], restart_attempt: int = 0, pending: bool = True) -> list[dict[str, Any]]:
+def expand_pods(
+    jobset: dict[str, Any], restart_attempt: int = 0, pending: bool = True
+) -> list[dict[str, Any]]:
     """The pods of every Job of ``jobset`` (one per completion index), as pending-unschedulable pods."""
     meta = jobset.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -132,7 +134,14 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
             topology=shape.topology,
             total_chips=shape.total_chips,
             placement=placement,
-            note=("spot " if spec.spot else "") + (f"reservation {spec.reservation.value}" if spec.reservation else ""),
+            note=" ".join(
+                part
+                for part in (
+                    "spot" if spec.spot else "",
+                    f"reservation {spec.reservation.value}" if spec.reservation else "",
+                )
+                if part
+            ),
         )
         seen[slice_desc] = planned
         result.append(planned)
