@@ -37,7 +37,7 @@ class Runtime:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # services built under it ask for the adapters
         self._cache: dict[str, Any] = {}
 
     def _cached(self, key: str, build: Callable[[], Any]) -> Any:

@@ -12,7 +12,7 @@ import base64
 import datetime
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -69,29 +69,7 @@ class KubeClient:
         self.timeout = timeout
 
     def _call(self, method: str, path: str, query: dict[str, str] | None = None, body: Any = None) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        query_params = [(k, v) for k, v in (query or {}).items() if v]
-        try:
-            response = self.api_client.call_api(
-                path,
-                method,
-                query_params=query_params,
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            )
-        except ApiException as exc:
-            raise _translate(exc, f"{method} {path}") from None
-        except Exception as exc:  # urllib3 connection/protocol errors, timeouts
-            raise TransientError(f"Kubernetes API unreachable for {method} {path}: {exc}") from None
-        raw = response[0].data if isinstance(response, tuple) else response.data
-        try:
-            return json.loads(raw) if raw else {}
-        except ValueError:
-            raise TransientError(f"Kubernetes API returned non-JSON for {method} {path}") from None
+        return request_json(self.api_client, method, path, query, body, timeout=self.timeout)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """One pod. Raises NotFoundError."""
@@ -150,13 +128,60 @@ class KubeClient:
             logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
 
 
-def _translate(exc: Any, what: str) -> Exception:
-    status = int(getattr(exc, "status", 0) or 0)
-    detail = ""
+def request_json(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float = 5.0,
+) -> Any:
+    """One raw request through a ``kubernetes`` ApiClient; JSON in, JSON out, errors translated.
+
+    Uses the client's own serialization, auth hooks and connection pool, but skips its model
+    deserialization. This is the only place the product touches the client's request layer.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    what = f"{method} {path}"
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    query_params = [(k, v) for k, v in (query or {}).items() if v]
     try:
-        detail = json.loads(exc.body or "{}").get("message", "")
+        request = api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query_params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = api_client.call_api(*request, _request_timeout=timeout)
+        response.read()
+        status, raw = int(response.status), response.data
+    except ApiException as exc:
+        raise translate_status(
+            int(exc.status or 0), _detail(exc.body) or str(exc.reason or ""), what
+        ) from None
+    except Exception as exc:  # urllib3 connection/protocol errors and timeouts
+        raise TransientError(f"Kubernetes API unreachable for {what}: {exc}") from None
+    if not 200 <= status <= 299:
+        raise translate_status(status, _detail(raw), what)
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        raise TransientError(f"Kubernetes API returned non-JSON for {what}") from None
+
+
+def _detail(raw: Any) -> str:
+    try:
+        return str(json.loads(raw or "{}").get("message", ""))
     except (ValueError, AttributeError, TypeError):
-        detail = str(getattr(exc, "reason", "") or "")
+        return ""
+
+
+def translate_status(status: int, detail: str, what: str) -> Exception:
+    """Map a Kubernetes API HTTP status onto the product's error taxonomy."""
     why = f"{what}: HTTP {status} {detail}".strip()
     if status == 404:
         return NotFoundError(why)

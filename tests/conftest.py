@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,9 +12,7 @@ from shared import entry
 from shared.events import ClusterId
 from shared.settings import Settings
 
-pytest_plugins = [
-    name for name in ("sandbox.fixtures_gke", "sandbox.fixtures_kube") if importlib.util.find_spec(name)
-]  # TEMP
+pytest_plugins = ["sandbox.fixtures_gke", "sandbox.fixtures_kube"]
 
 PROJECT, LOCATION, CLUSTER = "test-proj", "us-central2-b", "test-cluster"
 CLUSTER_ID = ClusterId(PROJECT, LOCATION, CLUSTER)
