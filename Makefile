@@ -20,12 +20,18 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# checkov pins packaging/dateutil versions that clash with the runtime deps, so it gets its own venv.
+CHECKOV := .venv-checkov/bin/checkov
+$(CHECKOV):
+	$(PY) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install -q checkov
+
 typecheck: install
 	$(BIN)/mypy shared functions
 
 # The README's test command: lint, types, then the whole pytest suite.
-test: lint typecheck
-	$(BIN)/pytest
+test: lint typecheck $(CHECKOV)
+	CHECKOV_BIN=$(CURDIR)/$(CHECKOV) $(BIN)/pytest
 
 unit: install
 	$(BIN)/pytest -m "not integration"

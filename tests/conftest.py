@@ -12,7 +12,7 @@ from shared import entry
 from shared.events import ClusterId
 from shared.settings import Settings
 
-pytest_plugins = ["sandbox.fixtures_gke", "sandbox.fixtures_kube"]
+pytest_plugins = ["sandbox.fixtures_gke", "sandbox.fixtures_kube", "sandbox.fixtures_pubsub"]
 
 PROJECT, LOCATION, CLUSTER = "test-proj", "us-central2-b", "test-cluster"
 CLUSTER_ID = ClusterId(PROJECT, LOCATION, CLUSTER)

@@ -25,8 +25,6 @@ from shared.errors import (
 from shared.gke import GkeNodePoolAPI, spec_to_node_pool
 from shared.nodepools import NodePoolInfo, NodePoolSpec, Placement, Reservation
 
-pytest_plugins = ["sandbox.fixtures_gke"]
-
 REPO = Path(__file__).resolve().parents[1]
 ZONE = "us-central2-b"
 OPS = f"projects/test-proj/locations/{ZONE}/operations"

@@ -22,8 +22,6 @@ from google.cloud import container_v1 as gke
 from sandbox.gke_emulator import ClusterSeed, GkeEmulator
 from sandbox.gke_testing import FakeClock, make_pool, raw, rest_client
 
-pytest_plugins = ["sandbox.fixtures_gke"]
-
 REPO = Path(__file__).resolve().parents[1]
 ZONE = "us-central2-b"
 # The cluster the gke_emulator fixture is seeded with.

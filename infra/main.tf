@@ -1,0 +1,192 @@
+locals {
+  # One entry per function. `topic` is the topic suffix (the full name is "<topic_prefix>-<topic>"),
+  # `short` names its service accounts (ids are limited to 30 characters). Provision and release
+  # answer bursts of events quickly; setup, Kueue and the reconcile sweep run one at a time.
+  functions = {
+    provision = {
+      source          = "functions/provision/main.py"
+      target          = "provision"
+      topic           = "pending-pods"
+      short           = "provision"
+      concurrency     = 10
+      max_instances   = 10
+      timeout_seconds = 60
+      memory          = "512Mi"
+      retention       = "86400s"
+    }
+    release = {
+      source          = "functions/release/main.py"
+      target          = "release"
+      topic           = "jobset-lifecycle"
+      short           = "release"
+      concurrency     = 10
+      max_instances   = 5
+      timeout_seconds = 120
+      memory          = "512Mi"
+      retention       = "86400s"
+    }
+    reconcile = {
+      source          = "functions/reconcile/main.py"
+      target          = "reconcile"
+      topic           = "reconcile"
+      short           = "reconcile"
+      concurrency     = 1
+      max_instances   = 1
+      timeout_seconds = 300
+      memory          = "512Mi"
+      # A missed tick is superseded by the next one five minutes later; do not pile them up.
+      retention = "1800s"
+    }
+    setup_cluster = {
+      source          = "functions/setup_cluster/main.py"
+      target          = "setup_cluster"
+      topic           = "setup"
+      short           = "setup"
+      concurrency     = 1
+      max_instances   = 1
+      timeout_seconds = 540
+      memory          = "1Gi"
+      retention       = "86400s"
+    }
+    apply_kueue = {
+      source          = "functions/apply_kueue/main.py"
+      target          = "apply_kueue"
+      topic           = "kueue"
+      short           = "kueue"
+      concurrency     = 1
+      max_instances   = 1
+      timeout_seconds = 300
+      memory          = "512Mi"
+      retention       = "86400s"
+    }
+  }
+
+  # Log sink (file sinks/<key>.filter) -> the function whose topic it fills.
+  sinks = {
+    "pending-tpu-pods" = "provision"
+    "jobset-lifecycle" = "release"
+    "cluster-created"  = "setup_cluster"
+  }
+
+  sink_template_vars = {
+    project_id   = var.project_id
+    location     = var.cluster_location
+    cluster_name = var.cluster_name
+  }
+
+  # The environment every service reads through shared.settings.Settings.from_env.
+  function_env = {
+    PROJECT_ID            = var.project_id
+    LOCATION              = var.cluster_location
+    CLUSTER_NAME          = var.cluster_name
+    NODE_LOCATIONS        = join(",", var.node_locations)
+    NODE_SERVICE_ACCOUNT  = var.node_service_account
+    NAMESPACE_ALLOWLIST   = join(",", var.namespace_allowlist)
+    ALLOWED_ACCELERATORS  = join(",", var.allowed_accelerators)
+    MAX_CHIPS_PER_SLICE   = tostring(var.max_chips_per_slice)
+    CHIP_BUDGET           = tostring(var.chip_budget)
+    DRAIN                 = tostring(var.drain)
+    MAX_EVENT_AGE_SECONDS = tostring(var.max_event_age_seconds)
+    RELEASE_GRACE_SECONDS = tostring(var.release_grace_seconds)
+    SUSPEND_GRACE_SECONDS = tostring(var.suspend_grace_seconds)
+    TPU7X_WORKLOAD_POLICY = var.tpu7x_workload_policy
+    MANIFESTS_DIR         = var.manifests_dir
+    JOBSET_VERSION        = var.jobset_version
+    KUEUE_VERSION         = var.kueue_version
+  }
+
+  labels = merge(var.labels, { "app" = "tpu-provisioner" })
+
+  pubsub_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+}
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+resource "google_project_service" "apis" {
+  for_each = toset([
+    "cloudresourcemanager.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "container.googleapis.com",
+    "iam.googleapis.com",
+    "logging.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+  ])
+
+  project = var.project_id
+  service = each.value
+  # Other workloads in the project (the cluster itself) depend on these APIs.
+  disable_on_destroy = false
+}
+
+module "pubsub" {
+  source   = "./modules/pubsub"
+  for_each = local.functions
+
+  project_id            = var.project_id
+  topic_name            = "${var.topic_prefix}-${each.value.topic}"
+  dead_letter_retention = var.dead_letter_retention
+  kms_key_name          = var.pubsub_kms_key_name
+  pubsub_service_agent  = local.pubsub_service_agent
+  labels                = local.labels
+
+  depends_on = [google_project_service.apis]
+}
+
+module "sink" {
+  source   = "./modules/sink"
+  for_each = local.sinks
+
+  project_id = var.project_id
+  name       = "${var.topic_prefix}-${each.key}"
+  # sinks/*.filter is the single source of truth; the sandbox's log router evaluates the same files.
+  filter   = templatefile("${path.module}/../sinks/${each.key}.filter", local.sink_template_vars)
+  topic_id = module.pubsub[each.value].topic_id
+}
+
+module "function" {
+  source   = "./modules/function"
+  for_each = local.functions
+
+  project_id            = var.project_id
+  region                = var.region
+  name                  = "${var.topic_prefix}-${replace(each.key, "_", "-")}"
+  invoker_account_id    = "${var.topic_prefix}-${each.value.short}-push"
+  image                 = var.image
+  function_source       = each.value.source
+  function_target       = each.value.target
+  env                   = local.function_env
+  service_account_email = google_service_account.runtime[each.key].email
+  concurrency           = each.value.concurrency
+  max_instances         = each.value.max_instances
+  timeout_seconds       = each.value.timeout_seconds
+  memory                = each.value.memory
+  topic_id              = module.pubsub[each.key].topic_id
+  topic_name            = module.pubsub[each.key].topic_name
+  dead_letter_topic_id  = module.pubsub[each.key].dead_letter_topic_id
+  max_delivery_attempts = var.max_delivery_attempts
+  message_retention     = each.value.retention
+  pubsub_service_agent  = local.pubsub_service_agent
+  labels                = local.labels
+  deletion_protection   = var.deletion_protection
+
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_cloud_scheduler_job" "reconcile" {
+  name        = "${var.topic_prefix}-reconcile"
+  project     = var.project_id
+  region      = var.region
+  description = "Tick for the tpu-provisioner reconcile sweep."
+  schedule    = var.reconcile_schedule
+  time_zone   = var.scheduler_time_zone
+
+  pubsub_target {
+    topic_name = module.pubsub["reconcile"].topic_id
+    data       = base64encode(jsonencode({ source = "cloud-scheduler", action = "reconcile" }))
+  }
+
+  depends_on = [google_project_service.apis]
+}

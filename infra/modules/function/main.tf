@@ -1,0 +1,136 @@
+terraform {
+  required_version = ">= 1.5"
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = ">= 6.0, < 7.0"
+    }
+  }
+}
+
+resource "google_cloud_run_v2_service" "this" {
+  project             = var.project_id
+  location            = var.region
+  name                = var.name
+  labels              = var.labels
+  deletion_protection = var.deletion_protection
+  # Pub/Sub push from this project counts as internal traffic; nothing else needs to reach it.
+  ingress = "INGRESS_TRAFFIC_INTERNAL_ONLY"
+
+  template {
+    service_account                  = var.service_account_email
+    timeout                          = "${var.timeout_seconds}s"
+    max_instance_request_concurrency = var.concurrency
+    labels                           = var.labels
+
+    scaling {
+      min_instance_count = 0
+      max_instance_count = var.max_instances
+    }
+
+    containers {
+      image = var.image
+
+      env {
+        name  = "FUNCTION_TARGET"
+        value = var.function_target
+      }
+      env {
+        name  = "FUNCTION_SOURCE"
+        value = var.function_source
+      }
+      dynamic "env" {
+        for_each = var.env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      resources {
+        limits = {
+          cpu    = "1"
+          memory = var.memory
+        }
+        cpu_idle = true
+      }
+
+      ports {
+        container_port = 8080
+      }
+    }
+  }
+}
+
+# Pub/Sub authenticates its pushes with an OIDC token of this account; it may invoke this service
+# and nothing else.
+resource "google_service_account" "invoker" {
+  project      = var.project_id
+  account_id   = var.invoker_account_id
+  display_name = "Pub/Sub push to ${var.name}"
+}
+
+resource "google_cloud_run_v2_service_iam_member" "invoker" {
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.this.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.invoker.email}"
+}
+
+# The Pub/Sub service agent mints the OIDC tokens (required in projects created before April 2021,
+# harmless after).
+resource "google_service_account_iam_member" "token_creator" {
+  service_account_id = google_service_account.invoker.name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = var.pubsub_service_agent
+}
+
+# A subscription we own rather than an Eventarc trigger: Eventarc's managed subscription cannot
+# carry a retry policy or a dead-letter policy from Terraform (see infra/README.md).
+resource "google_pubsub_subscription" "push" {
+  project                    = var.project_id
+  name                       = "${var.name}-push"
+  topic                      = var.topic_id
+  labels                     = var.labels
+  ack_deadline_seconds       = min(600, var.timeout_seconds)
+  message_retention_duration = var.message_retention
+  retain_acked_messages      = false
+
+  expiration_policy {
+    ttl = "" # an idle subscription must not expire (the default is 31 days)
+  }
+
+  retry_policy {
+    minimum_backoff = "10s"
+    maximum_backoff = "600s"
+  }
+
+  dead_letter_policy {
+    dead_letter_topic     = var.dead_letter_topic_id
+    max_delivery_attempts = var.max_delivery_attempts
+  }
+
+  push_config {
+    # The topic path in the URL lets functions-framework fill the CloudEvent source.
+    push_endpoint = "${google_cloud_run_v2_service.this.uri}/projects/${var.project_id}/topics/${var.topic_name}"
+
+    oidc_token {
+      service_account_email = google_service_account.invoker.email
+      audience              = google_cloud_run_v2_service.this.uri
+    }
+  }
+
+  depends_on = [
+    google_cloud_run_v2_service_iam_member.invoker,
+    google_service_account_iam_member.token_creator,
+  ]
+}
+
+# Dead-lettering needs the service agent to read (and ack) from the source subscription.
+resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
+  project      = var.project_id
+  subscription = google_pubsub_subscription.push.name
+  role         = "roles/pubsub.subscriber"
+  member       = var.pubsub_service_agent
+}

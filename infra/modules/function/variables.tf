@@ -1,0 +1,104 @@
+variable "project_id" {
+  type        = string
+  description = "Project of the service and the subscription."
+}
+
+variable "region" {
+  type        = string
+  description = "Cloud Run region."
+}
+
+variable "name" {
+  type        = string
+  description = "Cloud Run service name (lower-case letters, digits and dashes)."
+}
+
+variable "invoker_account_id" {
+  type        = string
+  description = "Account id of the service account Pub/Sub authenticates as when pushing to the service."
+}
+
+variable "image" {
+  type        = string
+  description = "Container image by digest; the same image serves every function."
+}
+
+variable "function_source" {
+  type        = string
+  description = "FUNCTION_SOURCE: path of the function's main.py inside the image, relative to /app."
+}
+
+variable "function_target" {
+  type        = string
+  description = "FUNCTION_TARGET: name of the decorated Python function in function_source."
+}
+
+variable "env" {
+  type        = map(string)
+  description = "Settings environment of the function (see shared/settings.py)."
+}
+
+variable "service_account_email" {
+  type        = string
+  description = "Runtime service account of the service (its GKE rights come from the root module)."
+}
+
+variable "concurrency" {
+  type        = number
+  description = "Requests one instance handles at once."
+}
+
+variable "max_instances" {
+  type        = number
+  description = "Upper bound on instances; also bounds concurrent GKE API calls."
+}
+
+variable "timeout_seconds" {
+  type        = number
+  description = "Request timeout; the push subscription's ack deadline follows it (capped at 600 s)."
+}
+
+variable "memory" {
+  type        = string
+  description = "Memory limit of one instance (e.g. 512Mi)."
+}
+
+variable "topic_id" {
+  type        = string
+  description = "Full id of the topic that feeds the function."
+}
+
+variable "topic_name" {
+  type        = string
+  description = "Short name of that topic (goes into the push URL, which becomes the CloudEvent source)."
+}
+
+variable "dead_letter_topic_id" {
+  type        = string
+  description = "Full id of the topic that receives messages after max_delivery_attempts failures."
+}
+
+variable "max_delivery_attempts" {
+  type        = number
+  description = "Deliveries before a message is dead-lettered (5-100)."
+}
+
+variable "message_retention" {
+  type        = string
+  description = "How long an unacknowledged message stays on the push subscription (e.g. 86400s)."
+}
+
+variable "pubsub_service_agent" {
+  type        = string
+  description = "Member string of the project's Pub/Sub service agent."
+}
+
+variable "labels" {
+  type        = map(string)
+  description = "Resource labels."
+}
+
+variable "deletion_protection" {
+  type        = bool
+  description = "Whether Terraform may delete the Cloud Run service."
+}

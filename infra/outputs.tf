@@ -1,0 +1,39 @@
+output "topics" {
+  description = "Topic name per function (publish here to trigger it)."
+  value       = { for name, topics in module.pubsub : name => topics.topic_name }
+}
+
+output "dead_letter_topics" {
+  description = "Dead-letter topic name per function."
+  value       = { for name, topics in module.pubsub : name => topics.dead_letter_topic_name }
+}
+
+output "dead_letter_subscriptions" {
+  description = "Pull subscription per function that keeps its dead letters for inspection."
+  value       = { for name, topics in module.pubsub : name => topics.dead_letter_subscription_name }
+}
+
+output "service_urls" {
+  description = "Cloud Run URL per function (internal ingress only; not reachable from the internet)."
+  value       = { for name, fn in module.function : name => fn.service_uri }
+}
+
+output "push_subscriptions" {
+  description = "Push subscription per function (retry policy and dead-lettering live here)."
+  value       = { for name, fn in module.function : name => fn.subscription_name }
+}
+
+output "runtime_service_accounts" {
+  description = "Service account each function runs as."
+  value       = { for name, sa in google_service_account.runtime : name => sa.email }
+}
+
+output "sink_writer_identities" {
+  description = "Writer identity of each log sink (holds roles/pubsub.publisher on its own topic only)."
+  value       = { for name, sink in module.sink : name => sink.writer_identity }
+}
+
+output "cluster" {
+  description = "The cluster this deployment manages."
+  value       = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
+}

@@ -1,0 +1,177 @@
+# --- Where things are deployed -----------------------------------------------------------------
+
+variable "project_id" {
+  type        = string
+  description = "Project that holds the GKE cluster, the functions, the topics and the log sinks."
+}
+
+variable "region" {
+  type        = string
+  description = "Region for the Cloud Run services and the Cloud Scheduler job (e.g. us-central1)."
+}
+
+variable "cluster_name" {
+  type        = string
+  description = "Name of the GKE cluster whose TPU node pools the provisioner manages."
+}
+
+variable "cluster_location" {
+  type        = string
+  description = "Location (zone or region) of the GKE cluster, as in projects/P/locations/LOCATION/clusters/C."
+}
+
+variable "image" {
+  type        = string
+  description = "Container image of the functions, pinned by digest: REGION-docker.pkg.dev/P/REPO/tpu-provisioner@sha256:..."
+
+  validation {
+    condition     = can(regex("@sha256:[0-9a-f]{64}$", var.image))
+    error_message = "Pass the image by digest (...@sha256:<64 hex>) so that a deploy is reproducible."
+  }
+}
+
+variable "topic_prefix" {
+  type        = string
+  description = "Prefix of every topic, subscription, service and service account name (letters, digits, dashes)."
+  default     = "tpuprov"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{1,11}$", var.topic_prefix))
+    error_message = "Use 2-12 lower-case letters, digits or dashes, starting with a letter (service account ids are short)."
+  }
+}
+
+variable "labels" {
+  type        = map(string)
+  description = "Resource labels added to every labelable resource (billing and ownership)."
+  default     = {}
+}
+
+variable "pubsub_kms_key_name" {
+  type        = string
+  description = "Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K) to encrypt the topics with; null = Google-managed."
+  default     = null
+}
+
+variable "deletion_protection" {
+  type        = bool
+  description = "Protect the Cloud Run services from `terraform destroy`; infra/cloudbuild-destroy.yaml needs false."
+  default     = false
+}
+
+# --- Function settings (environment of every service; shared/settings.py is the source of truth) ---
+
+variable "node_locations" {
+  type        = list(string)
+  description = "Zones for TPU node pools (NODE_LOCATIONS); empty means the cluster's zone."
+  default     = []
+}
+
+variable "node_service_account" {
+  type        = string
+  description = "Service account email the TPU nodes run as (NODE_SERVICE_ACCOUNT); empty means the GKE default."
+  default     = ""
+}
+
+variable "namespace_allowlist" {
+  type        = list(string)
+  description = "Namespaces whose JobSets get TPU pools (NAMESPACE_ALLOWLIST); empty means every namespace."
+  default     = []
+}
+
+variable "allowed_accelerators" {
+  type        = list(string)
+  description = "Accelerator node-label values the provisioner may create (ALLOWED_ACCELERATORS); empty means the whole catalog."
+  default     = []
+}
+
+variable "max_chips_per_slice" {
+  type        = number
+  description = "Largest slice (in chips) one node pool may have (MAX_CHIPS_PER_SLICE)."
+  default     = 4096
+}
+
+variable "chip_budget" {
+  type        = number
+  description = "Total chips over all managed pools (CHIP_BUDGET); 0 means unlimited."
+  default     = 0
+}
+
+variable "drain" {
+  type        = bool
+  description = "When true the functions never create pools and only clean up (DRAIN)."
+  default     = false
+}
+
+variable "max_event_age_seconds" {
+  type        = number
+  description = "Events older than this are acknowledged and dropped (MAX_EVENT_AGE_SECONDS)."
+  default     = 900
+}
+
+variable "release_grace_seconds" {
+  type        = number
+  description = "Wait this long after a JobSet completes before deleting its pools (RELEASE_GRACE_SECONDS)."
+  default     = 0
+}
+
+variable "suspend_grace_seconds" {
+  type        = number
+  description = "Release the pools of a suspended JobSet after this long (SUSPEND_GRACE_SECONDS)."
+  default     = 600
+}
+
+variable "tpu7x_workload_policy" {
+  type        = string
+  description = "Named workload policy used for multi-host tpu7x slices (TPU7X_WORKLOAD_POLICY)."
+  default     = ""
+}
+
+variable "jobset_version" {
+  type        = string
+  description = "JobSet release the setup function installs (JOBSET_VERSION); its manifest must be baked into the image."
+  default     = "v0.10.1"
+}
+
+variable "kueue_version" {
+  type        = string
+  description = "Kueue release the setup function installs (KUEUE_VERSION); its manifest must be baked into the image."
+  default     = "v0.19.2"
+}
+
+variable "manifests_dir" {
+  type        = string
+  description = "Directory in the image holding jobset-<version>.yaml and kueue-<version>.yaml (MANIFESTS_DIR)."
+  default     = "/app/manifests"
+}
+
+# --- Delivery ----------------------------------------------------------------------------------
+
+variable "max_delivery_attempts" {
+  type        = number
+  description = "Deliveries of one message before Pub/Sub moves it to the function's dead-letter topic (5-100)."
+  default     = 10
+
+  validation {
+    condition     = var.max_delivery_attempts >= 5 && var.max_delivery_attempts <= 100
+    error_message = "Pub/Sub accepts 5 to 100 delivery attempts."
+  }
+}
+
+variable "dead_letter_retention" {
+  type        = string
+  description = "How long dead letters are kept on the dead-letter pull subscriptions (at most 7 days)."
+  default     = "604800s"
+}
+
+variable "reconcile_schedule" {
+  type        = string
+  description = "Cron schedule of the reconcile tick (Cloud Scheduler syntax)."
+  default     = "*/5 * * * *"
+}
+
+variable "scheduler_time_zone" {
+  type        = string
+  description = "Time zone of reconcile_schedule."
+  default     = "Etc/UTC"
+}
