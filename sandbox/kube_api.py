@@ -99,6 +99,7 @@ class KubeApiServer:
         strict_namespaces: bool = True,
         crd_establish_delay: float = 0.0,
         deployment_ready_delay: float = 0.0,
+        namespace_delete_delay: float = 1.0,
         kube_version: str = "v1.32.4",
     ) -> None:
         self._host = host
@@ -111,6 +112,7 @@ class KubeApiServer:
             self._registry,
             crd_establish_delay=crd_establish_delay,
             deployment_ready_delay=deployment_ready_delay,
+            namespace_delete_delay=namespace_delete_delay,
         ).install()
         self._faults = FaultInjector()
         self._handler = KubeHandler(
@@ -362,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--crd-establish-delay", type=float, default=0.0)
     parser.add_argument("--deployment-ready-delay", type=float, default=0.0)
+    parser.add_argument("--namespace-delete-delay", type=float, default=1.0)
     parser.add_argument("--kube-version", default="v1.32.4")
     args = parser.parse_args(argv)
     server = KubeApiServer(
@@ -371,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         strict_namespaces=not args.no_strict_namespaces,
         crd_establish_delay=args.crd_establish_delay,
         deployment_ready_delay=args.deployment_ready_delay,
+        namespace_delete_delay=args.namespace_delete_delay,
         kube_version=args.kube_version,
     ).start()
     stop = threading.Event()

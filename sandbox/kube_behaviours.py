@@ -3,7 +3,8 @@
 * Namespaces get their ``kubernetes.io/metadata.name`` label and phase, pods start ``Pending``.
 * CustomResourceDefinitions are served as soon as they are written and report ``Established``
   and ``NamesAccepted`` after a configurable delay; deleting one drops its objects.
-* Deleting a namespace deletes what is in it.
+* Deleting a namespace marks it Terminating (its ``spec.finalizers`` hold it, as on a real
+  cluster); after a configurable delay its contents are deleted and then the namespace itself.
 * Deployments report themselves available after a configurable delay, so install code that
   waits for ``Available=True`` works without a kubelet.
 """
@@ -46,17 +47,21 @@ class Behaviours:
         *,
         crd_establish_delay: float = 0.0,
         deployment_ready_delay: float = 0.0,
+        namespace_delete_delay: float = 0.0,
     ) -> None:
         self.store = store
         self.registry = registry
         self.crd_establish_delay = crd_establish_delay
         self.deployment_ready_delay = deployment_ready_delay
+        self.namespace_delete_delay = namespace_delete_delay
 
     def install(self) -> None:
         """Register the hooks with the store."""
         self.store.create_defaults.append(self.defaults)
         self.store.write_hooks.append(self.after_write)
         self.store.delete_hooks.append(self.after_delete)
+        self.store.terminating_hooks.append(self.terminating)
+        self.store.holders.append(self.holds)
 
     def defaults(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
         """Fill what the real API server defaults on create."""
@@ -65,6 +70,7 @@ class Behaviours:
             meta = obj["metadata"]
             meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
             obj["status"] = {"phase": "Active", **(obj.get("status") or {})}
+            obj["spec"] = {"finalizers": ["kubernetes"], **(obj.get("spec") or {})}
         elif group_resource == ("", "pods"):
             obj["status"] = {"phase": "Pending", **(obj.get("status") or {})}
 
@@ -94,16 +100,40 @@ class Behaviours:
                 self.store.drop_all(served[0])
             self.registry.set_crd(meta["name"], [])
         elif group_resource == NAMESPACE_GROUP_RESOURCE:
-            for content in self.store.group_resources():
-                versions = self.registry.versions_of(content)
-                if versions and versions[0].namespaced:
-                    self._delete_namespace_content(versions[0], meta["name"])
+            self._delete_contents(meta["name"])  # in case it went without the finalizer's cleanup
 
-    def _delete_namespace_content(self, rtype: ResourceType, namespace: str) -> None:
-        items, _ = self.store.list_objects(rtype, namespace)
-        for item in items:
-            with contextlib.suppress(KubeApiError):  # already collected as a dependent of another item
-                self.store.delete(rtype, namespace, item["metadata"]["name"])
+    @staticmethod
+    def holds(rtype: ResourceType, obj: dict[str, Any]) -> bool:
+        """Namespaces wait for the namespace controller's ``kubernetes`` finalizer."""
+        in_spec = (obj.get("spec") or {}).get("finalizers") or []
+        return (rtype.group, rtype.plural) == NAMESPACE_GROUP_RESOURCE and "kubernetes" in in_spec
+
+    def terminating(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
+        """A namespace marked for deletion turns Terminating and is cleaned up after the delay."""
+        if (rtype.group, rtype.plural) != NAMESPACE_GROUP_RESOURCE:
+            return
+        name = obj["metadata"]["name"]
+        self._set_status(
+            NAMESPACE_GROUP_RESOURCE, None, name, {**(obj.get("status") or {}), "phase": "Terminating"}
+        )
+        self.store.schedule(self.namespace_delete_delay, lambda: self._finalize_namespace(name))
+
+    def _finalize_namespace(self, name: str) -> None:
+        self._delete_contents(name)
+        rtype = self.registry.versions_of(NAMESPACE_GROUP_RESOURCE)[0]
+        with contextlib.suppress(KubeApiError):  # already gone
+            namespace = self.store.get(rtype, None, name)
+            spec = {**(namespace.get("spec") or {}), "finalizers": []}
+            self.store.replace(rtype, None, name, {**namespace, "spec": spec}, force=True)
+
+    def _delete_contents(self, name: str) -> None:
+        for content in self.store.group_resources():
+            versions = self.registry.versions_of(content)
+            if versions and versions[0].namespaced:
+                items, _ = self.store.list_objects(versions[0], name)
+                for item in items:
+                    with contextlib.suppress(KubeApiError):  # already collected as a dependent
+                        self.store.delete(versions[0], name, item["metadata"]["name"])
 
     def _set_status(
         self, group_resource: tuple[str, str], namespace: str | None, name: str, status: dict

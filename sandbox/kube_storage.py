@@ -106,6 +106,10 @@ class StoreCore:
         self.create_defaults: list[CreateDefault] = []
         self.write_hooks: list[WriteHook] = []
         self.delete_hooks: list[DeleteHook] = []
+        # Called once an object is marked for deletion but held back by a finalizer.
+        self.terminating_hooks: list[DeleteHook] = []
+        # Extra reasons besides metadata.finalizers to hold a deleted object (namespaces' spec.finalizers).
+        self.holders: list[Callable[[ResourceType, dict[str, Any]], bool]] = []
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -242,6 +246,8 @@ class StoreCore:
         """Matching objects sorted by namespace and name, with the store's resourceVersion."""
         labels = parse_label_selector(label_selector)
         fields = parse_field_selector(field_selector, rtype.group, rtype.plural, rtype.selectable_fields)
+        if not rtype.namespaced:
+            namespace = None  # cluster-scoped objects live outside every namespace
         with self._lock:
             bucket = self._objects[(rtype.group, rtype.plural)]
             items = [
@@ -293,6 +299,10 @@ class StoreCore:
                 self._subscriptions.remove(sub)
 
     # -- helpers shared by the write paths ----------------------------------------------------
+
+    def _held(self, rtype: ResourceType, obj: dict[str, Any]) -> bool:
+        """Whether deleting the object must wait for a finalizer."""
+        return bool(obj["metadata"].get("finalizers")) or any(holder(rtype, obj) for holder in self.holders)
 
     def _check_version(self, rtype: ResourceType, old: dict[str, Any], new: dict[str, Any]) -> None:
         wanted = (new.get("metadata") or {}).get("resourceVersion")

@@ -193,11 +193,14 @@ class KubeStore(StoreCore):
                 wanted = (preconditions or {}).get(field)
                 if wanted and wanted != meta.get(field):
                     raise conflict(rtype.plural, name, rtype.group, f"Precondition failed: {field}: {wanted}")
-            if meta.get("finalizers"):
+            if self._held(rtype, old):
                 if meta.get("deletionTimestamp") or dry_run:
                     return old
                 marked = {**meta, "deletionTimestamp": now_rfc3339(), "deletionGracePeriodSeconds": 0}
-                return self._commit(rtype, "MODIFIED", {**old, "metadata": marked}, old)
+                stored = self._commit(rtype, "MODIFIED", {**old, "metadata": marked}, old)
+                for hook in self.terminating_hooks:
+                    hook(rtype, stored)
+                return stored
             if dry_run:
                 return old
             return self._remove(rtype, old, propagation)
@@ -252,7 +255,7 @@ class KubeStore(StoreCore):
         new = {**new, "metadata": meta}
         if dry_run:
             return self.present(rtype, new)
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not self._held(rtype, new):
             return self._remove(rtype, new, None)  # the last finalizer is gone: finish the deletion
         stored = self._commit(rtype, "MODIFIED", new, old)
         for hook in self.write_hooks:

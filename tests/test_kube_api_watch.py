@@ -1,4 +1,4 @@
-"""The sandbox Kubernetes API: watches, direct state access, change callbacks, faults, cascades."""
+"""The sandbox Kubernetes API: watches, direct state access, callbacks, faults, deletion, scopes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 from kubernetes import client, watch
 from kubernetes.client import ApiException
 
@@ -231,16 +232,33 @@ def test_requests_are_recorded_and_counted(kube_server: KubeApiServer, core: Any
     assert kube_server.count() == 2
 
 
-def test_deleting_a_namespace_deletes_its_contents(kube_server: KubeApiServer, core: Any) -> None:
-    core.create_namespace({"metadata": {"name": "team"}})
-    core.create_namespaced_config_map("team", _cm("inside"))
-    core.create_namespaced_config_map("default", _cm("outside"))
+def test_deleting_a_namespace_terminates_it_then_removes_its_contents() -> None:
+    with KubeApiServer(namespace_delete_delay=0.3) as server:
+        api = server.api_client()
+        try:
+            core: Any = client.CoreV1Api(api)
+            core.create_namespace({"metadata": {"name": "team"}})
+            core.create_namespaced_config_map("team", _cm("inside"))
+            core.create_namespaced_config_map("default", _cm("outside"))
 
-    core.delete_namespace("team")
+            core.delete_namespace("team")
+            terminating = core.read_namespace("team")
+            with pytest.raises(ApiException) as refused:
+                core.create_namespaced_config_map("team", _cm("late"))
+            kept_meanwhile = server.get("v1", "configmaps", "team", "inside")
+            deadline = time.monotonic() + 5
+            while server.get("v1", "namespaces", None, "team") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            api.close()
 
-    assert kube_server.list("v1", "configmaps", "team") == []
-    assert kube_server.get("v1", "configmaps", "default", "outside") is not None
-    assert kube_server.get("v1", "namespaces", None, "team") is None
+        assert terminating.status.phase == "Terminating"
+        assert terminating.metadata.deletion_timestamp is not None
+        assert refused.value.status == 403
+        assert kept_meanwhile is not None
+        assert server.get("v1", "namespaces", None, "team") is None
+        assert server.list("v1", "configmaps", "team") == []
+        assert server.get("v1", "configmaps", "default", "outside") is not None
 
 
 @pytest.mark.parametrize(
@@ -263,3 +281,51 @@ def test_owner_references_are_garbage_collected(
     custom.delete_namespaced_custom_object(*JOBSETS, "default", "jobsets", "js", propagation_policy=policy)
 
     assert (kube_server.get("v1", "configmaps", "default", "child") is not None) is survives
+
+
+def test_delete_with_finalizers_marks_then_removes(core: Any) -> None:
+    core.create_namespaced_config_map(
+        "default", {"metadata": {"name": "held", "finalizers": ["sandbox/hold"]}}
+    )
+    options = client.V1DeleteOptions(propagation_policy="Foreground")
+    core.delete_namespaced_config_map("held", "default", body=options)
+    marked = core.read_namespaced_config_map("held", "default")
+    core.patch_namespaced_config_map("held", "default", {"metadata": {"finalizers": None}})
+
+    assert marked.metadata.deletion_timestamp is not None
+    with pytest.raises(ApiException) as caught:
+        core.read_namespaced_config_map("held", "default")
+    assert caught.value.status == 404
+
+
+def test_delete_collection_by_label_selector(core: Any) -> None:
+    for name, team in (("a1", "a"), ("a2", "a"), ("b1", "b")):
+        core.create_namespaced_config_map("default", {"metadata": {"name": name, "labels": {"team": team}}})
+
+    core.delete_collection_namespaced_config_map("default", label_selector="team=a")
+
+    assert [cm.metadata.name for cm in core.list_namespaced_config_map("default").items] == ["b1"]
+
+
+def test_cluster_scoped_and_namespaced_paths(
+    kube_client: client.ApiClient, kube_server: KubeApiServer
+) -> None:
+    rbac: Any = client.RbacAuthorizationV1Api(kube_client)
+    core: Any = client.CoreV1Api(kube_client)
+    role = rbac.create_cluster_role({"metadata": {"name": "reader", "namespace": "default"}, "rules": []})
+    core.create_namespace({"metadata": {"name": "other"}})
+    core.create_namespaced_pod("default", {"metadata": {"name": "p1"}, "spec": SPEC})
+    core.create_namespaced_pod("other", {"metadata": {"name": "p2"}, "spec": SPEC})
+
+    wrong_scope = requests.get(
+        f"{kube_server.url}/apis/rbac.authorization.k8s.io/v1/namespaces/default/clusterroles/reader",
+        timeout=5,
+    )
+    everywhere = core.list_pod_for_all_namespaces().items
+
+    assert role.metadata.namespace is None
+    assert wrong_scope.status_code == 404
+    assert {(p.metadata.namespace, p.metadata.name) for p in everywhere} == {
+        ("default", "p1"),
+        ("other", "p2"),
+    }
