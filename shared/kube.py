@@ -61,6 +61,44 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def event_object(
+    involved: dict[str, Any],
+    reason: str,
+    message: str,
+    *,
+    warning: bool = False,
+    component: str = labels.EVENT_COMPONENT,
+    name: str = "",
+) -> dict[str, Any]:
+    """A core/v1 Event about ``involved`` as an event recorder writes it (``generateName`` unless named)."""
+    meta = involved.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    now = _now()
+    event_meta = {"name": name} if name else {"generateName": f"{meta.get('name', 'object')}."}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {**event_meta, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion", ""),
+            "kind": involved.get("kind", ""),
+            "name": meta.get("name", ""),
+            "namespace": namespace,
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
 class KubeClient:
     """``KubeAPI`` over ``kubernetes.client.ApiClient`` (raw JSON, errors wrapped)."""
 
@@ -97,31 +135,8 @@ class KubeClient:
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:
         """Record a core/v1 Event; best effort, because the decision it reports was already made."""
-        meta = involved.get("metadata") or {}
-        namespace = meta.get("namespace") or "default"
-        now = _now()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion", ""),
-                "kind": involved.get("kind", ""),
-                "name": meta.get("name", ""),
-                "namespace": namespace,
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": labels.EVENT_COMPONENT},
-            "reportingComponent": labels.EVENT_COMPONENT,
-            "reportingInstance": labels.EVENT_COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        event = event_object(involved, reason, message, warning=warning)
+        namespace = event["metadata"]["namespace"]
         try:
             self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=event)
         except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
