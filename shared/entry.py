@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from werkzeug.exceptions import ServiceUnavailable
+import flask
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from shared import logs
 from shared.errors import PermanentError, TransientError
@@ -106,8 +107,33 @@ def _trace_id(cloud_event: Any) -> str:
     return parts[1] if len(parts) >= 3 else ""
 
 
+def guard_boundary(function: str) -> None:
+    """Answer 400, not a 500 with a traceback, for requests functions-framework itself cannot parse.
+
+    functions-framework raises before calling the function for some malformed bodies (a JSON array,
+    a legacy event whose context is a string, undecodable bytes); a 500 would make Pub/Sub redeliver
+    garbage until it is dead-lettered. Called from ``main.py`` at import, which functions-framework
+    does inside the app context; elsewhere (plain imports) it does nothing.
+    """
+    if not flask.has_app_context():
+        return
+    app = flask.current_app._get_current_object()  # type: ignore[attr-defined]
+
+    @app.errorhandler(Exception)
+    def _unparseable(exc: Exception) -> Any:
+        if isinstance(exc, HTTPException):
+            return exc  # functions-framework's own 4xx and our 503 are answers already
+        if flask.g.get("tpuprov_entered"):
+            raise exc  # the product itself failed: keep the 500 and its traceback
+        why = f"not a deliverable event: functions-framework could not parse it ({type(exc).__name__})"
+        logs.decision(log, "delivery.rejected", why, logging.WARNING, function=function)
+        return why, 400
+
+
 def handle(function: str, cloud_event: Any, action: Callable[[], Any]) -> None:
     """Run ``action`` for one delivery and map its outcome onto ack (return) or redelivery (raise)."""
+    if flask.has_app_context():
+        flask.g.tpuprov_entered = True
     try:
         message_id = str(cloud_event.get("id") or "")
     except Exception:

@@ -11,7 +11,7 @@ from typing import Any
 
 from shared import events, logs
 from shared.entry import Runtime
-from shared.provisioner import Outcome, Provisioner
+from shared.provisioner import KNOWN_POOL_TTL_SECONDS, Outcome, Provisioner
 from shared.reconciler import Reconciler, Summary
 from shared.releaser import Releaser
 
@@ -31,7 +31,10 @@ def _foreign(runtime: Runtime, cluster: events.ClusterId) -> str:
 
 def provisioner(runtime: Runtime) -> Provisioner:
     """The instance's Provisioner (built once)."""
-    return runtime.service("provisioner", lambda rt: Provisioner(rt.settings, rt.gke(), rt.kube()))
+    return runtime.service(
+        "provisioner",
+        lambda rt: Provisioner(rt.settings, rt.gke(), rt.kube(), known_pool_ttl=KNOWN_POOL_TTL_SECONDS),
+    )
 
 
 def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
@@ -45,7 +48,10 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
     if foreign:
         _ignore("provision", foreign)
         return None
-    with logs.bound(pod=f"{event.namespace}/{event.pod}"):
+    # GKE's controller labels name the JobSet even when the pod is already gone.
+    owner = event.controller_name if event.controller_type == "JobSet" else ""
+    jobset = {"jobset": f"{event.namespace}/{owner}"} if owner else {}
+    with logs.bound(pod=f"{event.namespace}/{event.pod}", **jobset):
         return provisioner(runtime).handle_pending_pod(event.namespace, event.pod, event.timestamp)
 
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from shared import catalog, labels, logs
 from shared.errors import AlreadyExistsError, NotFoundError, RejectedError
 from shared.kube import KubeAPI
-from shared.nodepools import STATUS_ERROR, STATUS_STOPPING, NodePoolAPI, NodePoolInfo
+from shared.names import label_key_problem, label_value_problem
+from shared.nodepools import STATUS_ERROR, STATUS_STOPPING, NodePoolAPI, NodePoolInfo, NodePoolSpec
 from shared.settings import Settings
 from shared.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
 
@@ -39,6 +45,28 @@ class Outcome:
     slice: str = ""
 
 
+# GCE resource labels: lowercase letters, digits, "_" and "-"; keys start with a letter.
+_RESOURCE_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}\Z")
+_RESOURCE_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}\Z")
+
+
+def label_problem(spec: NodePoolSpec) -> str:
+    """Why the pool's labels must not be sent ("" when every key and value is valid).
+
+    Ownership values come from the pod's JobSet labels or annotations, and annotations are free
+    text: a value such as ``a,tpuprov.dev/managed-by=x`` must be refused here rather than reach
+    GKE, which hands node labels to the kubelet as one comma-separated flag.
+    """
+    for key, value in spec.labels.items():
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem:
+            return f"cannot label the node pool: {problem}"
+    for key, value in spec.resource_labels.items():
+        if not (_RESOURCE_LABEL_KEY.match(key) and _RESOURCE_LABEL_VALUE.match(value)):
+            return f"cannot label the node pool: resource label {key}={value!r} is not a valid GCE label"
+    return ""
+
+
 def managed_chips(pools: list[NodePoolInfo]) -> int:
     """Chips held by the product's pools (those stopping are on their way out and not counted)."""
     total = 0
@@ -50,13 +78,83 @@ def managed_chips(pools: list[NodePoolInfo]) -> int:
     return total
 
 
+# How long an instance trusts that a pool it saw (or created) still exists. A burst of duplicate
+# events for a slice then costs one read (the pod) instead of two; a pool deleted meanwhile is
+# requested again by the first event after this window (or by reconcile).
+KNOWN_POOL_TTL_SECONDS = 30.0
+
+
+class KnownPools:
+    """Instance-local memory of pool names seen to exist, and one create attempt at a time per name.
+
+    Only ever answers "known to exist" for a pool that was listed alive (not ERROR/STOPPING) or
+    whose create GKE accepted (or answered 409) less than ``ttl`` seconds ago, so it can delay but
+    never suppress the create of a pool nobody has seen.
+    """
+
+    _PRUNE_AT = 4096  # entries; expired names are dropped when the map grows past this
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._expiry: dict[str, float] = {}
+        self._flights: dict[str, tuple[threading.Lock, int]] = {}
+
+    def remember(self, name: str) -> None:
+        """Note that pool ``name`` exists now."""
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            if len(self._expiry) >= self._PRUNE_AT:
+                self._expiry = {k: v for k, v in self._expiry.items() if v > now}
+            self._expiry[name] = now + self.ttl
+
+    def known(self, name: str) -> bool:
+        """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds."""
+        with self._lock:
+            return self._expiry.get(name, 0.0) > self._clock()
+
+    @contextmanager
+    def single_flight(self, name: str) -> Iterator[None]:
+        """Serialize list-and-create for one pool name within this instance.
+
+        Concurrent deliveries for the same slice (every host's pod, duplicates) would otherwise all
+        list before the first create lands and all send a create; GKE's 409 keeps that correct,
+        but each is a wasted call. Different names never wait on each other.
+        """
+        with self._lock:
+            lock, users = self._flights.get(name, (threading.Lock(), 0))
+            self._flights[name] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                lock, users = self._flights[name]
+                if users <= 1:
+                    del self._flights[name]
+                else:
+                    self._flights[name] = (lock, users - 1)
+
+
 class Provisioner:
     """Turns pending TPU pods into node-pool create requests, within the guardrails."""
 
-    def __init__(self, settings: Settings, gke: NodePoolAPI, kube: KubeAPI) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        known_pool_ttl: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
+        self.known_pools = KnownPools(known_pool_ttl, clock)
 
     # -- entry points -----------------------------------------------------------------------------
 
@@ -78,6 +176,11 @@ class Provisioner:
 
     def provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
         """Request the slice a pending pod needs (``pools``: a listing the caller already has)."""
+        # Every decision line about this pod carries the JobSet it claims to belong to.
+        with logs.bound(**_jobset_field(pod)):
+            return self._provision_pod(pod, pools)
+
+    def _provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None) -> Outcome:
         meta = pod.get("metadata") or {}
         who = f"{meta.get('namespace')}/{meta.get('name')}"
         try:
@@ -91,17 +194,36 @@ class Provisioner:
             spec, shape = build_node_pool(self.settings, request)
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc)
-        refusal = self._guardrail(request, shape.total_chips)
+        refusal = label_problem(spec) or self._guardrail(request, shape.total_chips)
         if refusal:
             return self._refuse(pod, refusal, slice_desc, spec.name)
 
-        if pools is None:
+        if pools is not None:  # the caller's listing decides (reconcile); no instance memory involved
+            return self._request(pod, request, spec, shape, slice_desc, pools)
+        with self.known_pools.single_flight(spec.name):
+            if self.known_pools.known(spec.name):
+                why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
+                return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
+            return self._request(pod, request, spec, shape, slice_desc, pools)
+
+    def _request(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        spec: NodePoolSpec,
+        shape: catalog.SliceShape,
+        slice_desc: str,
+        pools: list[NodePoolInfo],
+    ) -> Outcome:
+        """Create the slice's pool unless the listing has it or the chip budget forbids it."""
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
             if existing.status == STATUS_ERROR:
                 why += "; reconcile recycles failed pools"
+            elif existing.status != STATUS_STOPPING:
+                self.known_pools.remember(spec.name)
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
         if self.settings.chip_budget:
             in_use = managed_chips(pools)
@@ -119,6 +241,7 @@ class Provisioner:
         try:
             self.gke.create_node_pool(self.settings.cluster_path, spec, why)
         except AlreadyExistsError:
+            self.known_pools.remember(spec.name)
             return self._done(
                 Outcome(EXISTS, f"pool {spec.name} already exists (409)", spec.name, slice_desc)
             )
@@ -130,6 +253,7 @@ class Provisioner:
                 Outcome(FAILED, f"GKE rejected pool {spec.name}: {exc.why}", spec.name, slice_desc),
                 logging.ERROR,
             )
+        self.known_pools.remember(spec.name)
         self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
 
@@ -157,6 +281,17 @@ class Provisioner:
             log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
         )
         return outcome
+
+
+def _jobset_field(pod: dict[str, Any]) -> dict[str, str]:
+    """``{"jobset": "namespace/name"}`` for a pod naming a JobSet (label or annotation), else {}."""
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(labels.JOBSET_NAME) or (meta.get("annotations") or {}).get(
+        labels.JOBSET_NAME
+    )
+    if not name:
+        return {}
+    return {"jobset": f"{meta.get('namespace') or 'default'}/{str(name)[:253]}"}  # annotations are unbounded
 
 
 def _ref(pod: dict[str, Any]) -> dict[str, Any]:

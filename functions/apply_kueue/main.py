@@ -6,6 +6,8 @@ import functions_framework
 
 from shared import entry, setup_handlers
 
+entry.guard_boundary("apply_kueue")
+
 
 @functions_framework.cloud_event
 def apply_kueue(cloud_event: Any) -> None:

@@ -6,6 +6,8 @@ import functions_framework
 
 from shared import entry, handlers
 
+entry.guard_boundary("provision")
+
 
 @functions_framework.cloud_event
 def provision(cloud_event: Any) -> None:

@@ -6,6 +6,8 @@ import functions_framework
 
 from shared import entry, handlers
 
+entry.guard_boundary("reconcile")
+
 
 @functions_framework.cloud_event
 def reconcile(cloud_event: Any) -> None:

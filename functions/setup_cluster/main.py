@@ -6,6 +6,8 @@ import functions_framework
 
 from shared import entry, setup_handlers
 
+entry.guard_boundary("setup_cluster")
+
 
 @functions_framework.cloud_event
 def setup_cluster(cloud_event: Any) -> None:
