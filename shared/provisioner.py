@@ -21,7 +21,14 @@ from shared import catalog, labels, logs
 from shared.errors import AlreadyExistsError, NotFoundError, RejectedError
 from shared.kube import KubeAPI
 from shared.names import label_key_problem, label_value_problem
-from shared.nodepools import STATUS_ERROR, STATUS_STOPPING, NodePoolAPI, NodePoolInfo, NodePoolSpec
+from shared.nodepools import (
+    STATUS_ERROR,
+    STATUS_PROVISIONING,
+    STATUS_STOPPING,
+    NodePoolAPI,
+    NodePoolInfo,
+    NodePoolSpec,
+)
 from shared.settings import Settings
 from shared.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
 
@@ -43,6 +50,7 @@ class Outcome:
     why: str
     pool: str = ""
     slice: str = ""
+    requested: tuple[str, ...] = ()  # every pool this call created (its own and its siblings')
 
 
 # GCE resource labels: lowercase letters, digits, "_" and "-"; keys start with a letter.
@@ -200,7 +208,12 @@ class Provisioner:
 
         if pools is not None:  # the caller's listing decides (reconcile); no instance memory involved
             return self._request(pod, request, spec, shape, slice_desc, pools)
-        with self.known_pools.single_flight(spec.name):
+        # One decision at a time per replicated job in this instance: the first event requests the
+        # whole group, the others then find their pool remembered instead of racing to a 409.
+        sid = request.slice_id
+        with self.known_pools.single_flight(
+            f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
+        ):
             if self.known_pools.known(spec.name):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
@@ -217,6 +230,7 @@ class Provisioner:
         pools: list[NodePoolInfo],
     ) -> Outcome:
         """Create the slice's pool unless the listing has it or the chip budget forbids it."""
+        pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
@@ -225,6 +239,48 @@ class Provisioner:
             elif existing.status != STATUS_STOPPING:
                 self.known_pools.remember(spec.name)
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+        # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
+        # once per slice group, not per event.
+        try:
+            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
+        except NotFoundError:
+            return self._done(
+                Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc)
+            )
+        problem = jobset_problem(jobset, request)
+        if problem:
+            return self._refuse(pod, problem, slice_desc, spec.name)
+        outcome = self._create(pod, request, spec, shape, slice_desc, pools)
+        created = [spec.name] if outcome.result == CREATED else []
+        # Every pool of the replicated job is requested together: with exclusive placement any Job may
+        # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
+        # find one. Requesting them all at once keeps pools == slices whatever the landing order.
+        for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
+            if index == request.slice_id.job_index:
+                continue
+            sibling = dataclasses.replace(
+                request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
+            )
+            sibling_spec, _ = build_node_pool(self.settings, sibling)
+            if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
+                continue
+            if (
+                self._create(pod, sibling, sibling_spec, shape, sibling.slice_id.describe(), pools).result
+                == CREATED
+            ):
+                created.append(sibling_spec.name)
+        return dataclasses.replace(outcome, requested=tuple(created))
+
+    def _create(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        spec: NodePoolSpec,
+        shape: catalog.SliceShape,
+        slice_desc: str,
+        pools: list[NodePoolInfo],
+    ) -> Outcome:
+        """Create one slice's pool within the chip budget; the listing is updated with it."""
         if self.settings.chip_budget:
             in_use = managed_chips(pools)
             if in_use + shape.total_chips > self.settings.chip_budget:
@@ -254,6 +310,15 @@ class Provisioner:
                 logging.ERROR,
             )
         self.known_pools.remember(spec.name)
+        pools.append(
+            NodePoolInfo(
+                name=spec.name,
+                status=STATUS_PROVISIONING,
+                machine_type=spec.machine_type,
+                node_count=spec.node_count,
+                labels=dict(spec.labels),
+            )
+        )
         self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
 
@@ -281,6 +346,40 @@ class Provisioner:
             log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
         )
         return outcome
+
+
+def replicas_of(jobset: dict[str, Any], replicated_job: str) -> int:
+    """How many Jobs (slices) the JobSet's replicated job has; 1 when the spec does not say."""
+    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        if rjob.get("name") == replicated_job:
+            try:
+                return max(1, int(rjob.get("replicas", 1)))
+            except (TypeError, ValueError):
+                return 1
+    return 1
+
+
+def jobset_problem(jobset: dict[str, Any], request: SliceRequest) -> str:
+    """Why the pod's claimed JobSet must not get this slice now, or ""."""
+    meta = jobset.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    if request.slice_id.jobset_uid and uid and uid != request.slice_id.jobset_uid:
+        return (
+            f"pod claims JobSet uid {request.slice_id.jobset_uid} but JobSet {meta.get('name')} has uid {uid}"
+        )
+    if meta.get("deletionTimestamp"):
+        return f"JobSet {meta.get('name')} is being deleted"
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Completed", "Failed") and cond.get("status") == "True":
+            return f"JobSet {meta.get('name')} is already {cond.get('type')}"
+    if (jobset.get("spec") or {}).get("suspend"):
+        return f"JobSet {meta.get('name')} is suspended"
+    if not any(
+        r.get("name") == request.slice_id.replicated_job
+        for r in (jobset.get("spec") or {}).get("replicatedJobs") or []
+    ):
+        return f"JobSet {meta.get('name')} has no replicated job {request.slice_id.replicated_job!r}"
+    return ""
 
 
 def _jobset_field(pod: dict[str, Any]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from shared import labels, logs
 from shared.errors import TransientError
 from shared.kube import KubeAPI
 from shared.nodepools import STATUS_ERROR, NodePoolAPI, NodePoolInfo
-from shared.provisioner import CREATED, Provisioner
+from shared.provisioner import Provisioner
 from shared.releaser import Releaser, Verdict, is_managed, judge
 from shared.settings import Settings
 from shared.slices import NotEligible, Refused, slice_request
@@ -131,8 +131,8 @@ class Reconciler:
             except TransientError as exc:
                 summary.errors.append(exc.why)
                 continue
-            if outcome.result == CREATED:
-                requested += 1
+            requested += len(outcome.requested)
+            known.update(outcome.requested)
         return requested
 
 

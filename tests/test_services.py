@@ -42,8 +42,8 @@ def submit(kube, jobset):
     return pods
 
 
-def provision_all(gke, kube, pods, settings=SETTINGS):
-    service = Provisioner(settings, gke, kube)
+def provision_all(gke, kube, pods, settings=SETTINGS, ttl=0.0):
+    service = Provisioner(settings, gke, kube, known_pool_ttl=ttl)
     return [service.handle_pending_pod(p["metadata"]["namespace"], p["metadata"]["name"], NOW) for p in pods]
 
 
@@ -54,15 +54,43 @@ def test_all_pods_of_two_slices_create_exactly_two_pools(gke, kube):
     pods = submit(kube, tpu_jobset("train", "team-a", replicas=2, topology="4x4", chips_per_vm=4))
     outcomes = provision_all(gke, kube, pods * 3)
     assert gke.count("create") == 2
-    assert sorted(o.result for o in outcomes).count(CREATED) == 2
+    # The first pending pod requests every slice of its replicated job at once (see the next test).
+    assert [o.result for o in outcomes].count(CREATED) == 1
     assert all(o.result in (CREATED, EXISTS) for o in outcomes)
     assert kube.reasons().count(labels.REASON_REQUESTED) == 2
 
 
-def test_at_most_two_reads_per_event(gke, kube):
+def test_one_pending_pod_requests_every_slice_of_its_replicated_job(gke, kube):
+    # With exclusive placement a Job may land on a sibling's pool; if only "own" pools were made on
+    # demand, a Job whose pool was taken would wait forever. Pools must always equal slices.
+    pods = submit(kube, tpu_jobset("train", "team-a", replicas=3, topology="2x2", chips_per_vm=4))
+    provision_all(gke, kube, pods[:1])
+    assert len(gke.managed_names(CLUSTER)) == 3
+    assert sorted(
+        gke.pools[CLUSTER][n].labels[labels.OWNER_JOB_INDEX] for n in gke.managed_names(CLUSTER)
+    ) == ["0", "1", "2"]
+
+
+def test_forged_pod_claiming_another_uid_is_refused(gke, kube):
     pods = submit(kube, tpu_jobset("train", "team-a", replicas=1))
-    provision_all(gke, kube, pods)
-    assert kube.reads + gke.count("list") <= 2 * len(pods)
+    pod = pods[0]
+    pod["metadata"]["labels"][labels.JOBSET_UID] = "00000000-0000-4000-8000-000000000000"
+    kube.add_pod(pod)
+    outcome = provision_all(gke, kube, [pod])[0]
+    assert outcome.result == REFUSED and "uid" in outcome.why and gke.count("create") == 0
+
+
+def test_pod_of_a_missing_jobset_creates_nothing(gke, kube):
+    pods = submit(kube, tpu_jobset("train", "team-a", replicas=1))
+    kube.jobsets.clear()
+    assert provision_all(gke, kube, pods[:1])[0].result == SKIPPED and gke.count("create") == 0
+
+
+def test_at_most_two_reads_per_event(gke, kube):
+    pods = submit(kube, tpu_jobset("train", "team-a", replicas=2))
+    # As deployed: the instance remembers pools it made, so duplicates cost the pod read only.
+    provision_all(gke, kube, pods * 3, ttl=30.0)
+    assert kube.reads + gke.count("list") <= 2 * len(pods) * 3
 
 
 def test_concurrent_create_409_is_success(gke, kube):
