@@ -31,13 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency inside the module: surface it
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
