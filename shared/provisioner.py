@@ -29,6 +29,7 @@ from shared.nodepools import (
     NodePoolInfo,
     NodePoolSpec,
 )
+from shared.releaser import condition
 from shared.settings import Settings
 from shared.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
 
@@ -348,15 +349,17 @@ class Provisioner:
         return outcome
 
 
+def _replicated_job(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
+    rjobs = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return next((dict(r) for r in rjobs if r.get("name") == name), None)
+
+
 def replicas_of(jobset: dict[str, Any], replicated_job: str) -> int:
     """How many Jobs (slices) the JobSet's replicated job has; 1 when the spec does not say."""
-    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
-        if rjob.get("name") == replicated_job:
-            try:
-                return max(1, int(rjob.get("replicas", 1)))
-            except (TypeError, ValueError):
-                return 1
-    return 1
+    try:
+        return max(1, int((_replicated_job(jobset, replicated_job) or {}).get("replicas", 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def jobset_problem(jobset: dict[str, Any], request: SliceRequest) -> str:
@@ -369,15 +372,12 @@ def jobset_problem(jobset: dict[str, Any], request: SliceRequest) -> str:
         )
     if meta.get("deletionTimestamp"):
         return f"JobSet {meta.get('name')} is being deleted"
-    for cond in (jobset.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Completed", "Failed") and cond.get("status") == "True":
-            return f"JobSet {meta.get('name')} is already {cond.get('type')}"
+    for terminal in ("Completed", "Failed"):
+        if condition(jobset, terminal):
+            return f"JobSet {meta.get('name')} is already {terminal}"
     if (jobset.get("spec") or {}).get("suspend"):
         return f"JobSet {meta.get('name')} is suspended"
-    if not any(
-        r.get("name") == request.slice_id.replicated_job
-        for r in (jobset.get("spec") or {}).get("replicatedJobs") or []
-    ):
+    if _replicated_job(jobset, request.slice_id.replicated_job) is None:
         return f"JobSet {meta.get('name')} has no replicated job {request.slice_id.replicated_job!r}"
     return ""
 
