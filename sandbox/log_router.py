@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import queue
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sandbox.logfilter import LogFilter, load_filter
-from sandbox.sim_common import KubeState, ref
+from sandbox.sim_common import KubeState, QueueWorker, ref
 from sandbox.stack_pubsub import SINKS, TOPIC_PREFIX, wiring
 from sandbox.stack_timeline import Timeline
 from shared import labels
@@ -88,31 +87,27 @@ class LogRouter:
         self._routed: list[Routed] = []
         self._dropped: list[dict[str, Any]] = []
         self._drops: list[_Drop] = []
-        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition(self._lock)
-        self._thread: threading.Thread | None = None
+        self._worker = QueueWorker(
+            "log-router",
+            lambda item: self._route(*item),
+            # one bad entry must not stop the router; the timeline shows it
+            lambda item, exc: self.timeline.add("router", f"routing failed: {exc!r}"),
+        )
         api.on_change(self._changed)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the routing thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="log-router", daemon=True)
-            self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
         """Route what is queued, then stop."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._worker.stop()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every write seen so far has been routed."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._worker.wait_idle(timeout)
 
     # -- faults and inspection ------------------------------------------------------------------
 
@@ -154,20 +149,7 @@ class LogRouter:
             kind == "JobSet" and event_type == "DELETED"
         )
         if wanted:
-            with self._lock:
-                self._pending += 1
-            self._queue.put((event_type, obj))
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self._route(*item)
-            except Exception as exc:  # one bad entry must not stop the router
-                self.timeline.add("router", f"routing failed: {exc!r}")
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+            self._worker.submit((event_type, obj))
 
     def _route(self, event_type: str, obj: dict[str, Any]) -> None:
         if obj.get("kind") == "JobSet":

@@ -12,12 +12,10 @@ a slow Kubernetes write never holds a GKE request.
 from __future__ import annotations
 
 import math
-import queue
-import threading
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox.sim_common import SimContext, with_condition
+from sandbox.sim_common import QueueWorker, SimContext, with_condition
 from shared import catalog, labels
 
 CPU_POOL = "default-pool"
@@ -89,10 +87,14 @@ class NodeMirror:
         self.ctx = ctx
         self.cluster_path = cluster_path
         self.cluster_name = cluster_path.rsplit("/", 1)[-1]
-        self._queue: queue.Queue[_Work | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._idle = threading.Event()
-        self._idle.set()
+        self._worker = QueueWorker(
+            "node-mirror",
+            self._apply,
+            # keep mirroring the next pools; the timeline shows the failure
+            lambda work, exc: self.ctx.timeline.add(
+                "nodes", f"mirroring {work[0]} {work[2]!r} failed: {exc!r}"
+            ),
+        )
 
     def attach(self, gke: Any) -> None:
         """Register on a ``GkeEmulator`` (``on_pool_ready`` / ``on_pool_deleted``)."""
@@ -101,20 +103,15 @@ class NodeMirror:
 
     def start(self) -> None:
         """Start the worker thread."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="node-mirror", daemon=True)
-            self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
         """Finish queued work and stop the worker."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._worker.stop()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until every queued pool change is applied."""
-        return self._idle.wait(timeout)
+        return self._worker.wait_idle(timeout)
 
     def add_cpu_nodes(self, count: int) -> None:
         """Register ``count`` ordinary (non-TPU) nodes, the cluster's default pool."""
@@ -128,23 +125,16 @@ class NodeMirror:
                 self.ctx.api.put(node)
 
     def _enqueue(self, work: _Work) -> None:
-        self._idle.clear()
-        self._queue.put(work)
+        self._worker.submit(work)
 
-    def _work(self) -> None:
-        while (work := self._queue.get()) is not None:
-            kind, cluster, payload = work
-            try:
-                if cluster == self.cluster_path:
-                    if kind == "ready":
-                        self._pool_ready(payload)
-                    else:
-                        self._pool_deleted(str(payload))
-            except Exception as exc:  # keep mirroring the next pools; the timeline shows the failure
-                self.ctx.timeline.add("nodes", f"mirroring {kind} {payload!r} failed: {exc!r}")
-            finally:
-                if self._queue.empty():
-                    self._idle.set()
+    def _apply(self, work: _Work) -> None:
+        kind, cluster, payload = work
+        if cluster != self.cluster_path:
+            return
+        if kind == "ready":
+            self._pool_ready(payload)
+        else:
+            self._pool_deleted(str(payload))
 
     def _pool_ready(self, pool: Mapping[str, Any]) -> None:
         nodes = node_objects(self.cluster_name, pool)
