@@ -19,6 +19,7 @@ install: $(STAMP)
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # checkov pins packaging/dateutil versions that clash with the runtime deps, so it gets its own venv.
 CHECKOV := .venv-checkov/bin/checkov
@@ -29,7 +30,7 @@ $(CHECKOV):
 typecheck: install
 	$(BIN)/mypy shared functions
 
-# The README's test command: lint, types, then the whole pytest suite.
+# The README's test command: lint (with the import contracts), types, then the whole pytest suite.
 test: lint typecheck $(CHECKOV)
 	CHECKOV_BIN=$(CURDIR)/$(CHECKOV) $(BIN)/pytest
 

@@ -74,7 +74,7 @@ locals {
     cluster_name = var.cluster_name
   }
 
-  # The environment every service reads through shared.settings.Settings.from_env.
+  # The environment every service reads through shared.core.settings.Settings.from_env.
   function_env = {
     PROJECT_ID            = var.project_id
     LOCATION              = var.cluster_location

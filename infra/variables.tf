@@ -59,7 +59,7 @@ variable "deletion_protection" {
   default     = false
 }
 
-# --- Function settings (environment of every service; shared/settings.py is the source of truth) ---
+# --- Function settings (environment of every service; shared/core/settings.py is the source of truth) ---
 
 variable "node_locations" {
   type        = list(string)

@@ -1,4 +1,7 @@
-"""Local stand-ins for the cloud services the provisioner talks to (GKE API, Kubernetes API, ...).
+"""Local stand-ins for the cloud and the cluster the provisioner talks to; tests, demo and benchmarks.
 
-Everything here binds to 127.0.0.1 only and is meant for tests and the local sandbox.
+Layout: ``emulators`` (GKE API, Kubernetes API, Pub/Sub, Eventarc relay, Cloud Logging), ``cluster``
+(simulated JobSet controller, scheduler, nodes), ``stack`` (all of it wired together), ``bench``
+(benchmarks) and ``testing`` (fakes, builders, pytest fixtures). Everything binds to 127.0.0.1 only.
+Nothing here imports ``tpuprov``.
 """

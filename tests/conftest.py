@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
-from shared import entry
-from shared.events import ClusterId
-from shared.settings import Settings
+from shared.app import entry
+from shared.core.settings import Settings
+from shared.events.envelope import ClusterId
 
-pytest_plugins = ["sandbox.fixtures_gke", "sandbox.fixtures_kube", "sandbox.fixtures_pubsub"]
+pytest_plugins = [
+    "sandbox.testing.fixtures.gke",
+    "sandbox.testing.fixtures.kube",
+    "sandbox.testing.fixtures.pubsub",
+]
 
 PROJECT, LOCATION, CLUSTER = "test-proj", "us-central2-b", "test-cluster"
 CLUSTER_ID = ClusterId(PROJECT, LOCATION, CLUSTER)

@@ -4,7 +4,7 @@ from typing import Any
 
 import functions_framework
 
-from shared import entry, handlers
+from shared.app import entry, handlers
 
 entry.guard_boundary("provision")
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import functions_framework
 
-from shared import entry, setup_handlers
+from shared.app import entry, setup_handlers
 
 entry.guard_boundary("setup_cluster")
 

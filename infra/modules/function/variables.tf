@@ -35,7 +35,7 @@ variable "function_target" {
 
 variable "env" {
   type        = map(string)
-  description = "Settings environment of the function (see shared/settings.py)."
+  description = "Settings environment of the function (see shared/core/settings.py)."
 }
 
 variable "service_account_email" {

@@ -1,0 +1,201 @@
+"""The benchmark's world: both emulators, settings pointing at them, and the JobSets and deliveries fed in.
+
+Everything the benchmark measures runs against the local GKE emulator and the kmock-based
+Kubernetes API, whose request counters are the source of every "API calls" figure. Objects are
+written straight into the Kubernetes store (not over HTTP), so the counters only see the product.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.emulators.logging import entries as logentries
+from shared.core import labels
+from shared.core.settings import Settings
+from shared.events.envelope import ClusterId
+from shared.tpu.jobsets import expand_pods
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Release manifests live in the shared folder beside the repository, never inside it.
+JOBSET_MANIFEST = REPO_ROOT.parent / "shared" / "manifests" / "jobset-v0.10.1.yaml"
+PROJECT, LOCATION, CLUSTER = "bench-proj", "us-central2-b", "bench-cluster"
+CLUSTER_ID = ClusterId(PROJECT, LOCATION, CLUSTER)
+NAMESPACES = ("team-a", "team-b")
+JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
+TOPIC = f"projects/{PROJECT}/topics/tpuprov-bench"
+SUBSCRIPTION = f"projects/{PROJECT}/subscriptions/eventarc-bench"
+# GKE request kinds that only read; everything else the emulator counts is a mutation.
+GKE_READS = ("get_cluster", "list", "get", "get_operation")
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A snapshot of the emulators' request counters (subtract two to get a phase's calls)."""
+
+    gke_creates: int
+    gke_deletes: int
+    gke_reads: int
+    kube_reads: int
+    kube_writes: int
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(
+            self.gke_creates - other.gke_creates,
+            self.gke_deletes - other.gke_deletes,
+            self.gke_reads - other.gke_reads,
+            self.kube_reads - other.kube_reads,
+            self.kube_writes - other.kube_writes,
+        )
+
+    @property
+    def reads(self) -> int:
+        """Reads against both APIs."""
+        return self.gke_reads + self.kube_reads
+
+
+@dataclass
+class BenchEnv:
+    """Started emulators plus the product settings that point at them."""
+
+    gke: GkeEmulator
+    kube: KubeApiServer
+    settings: Settings
+
+    def function_env(self) -> dict[str, str]:
+        """Environment variables that configure a function process exactly like ``settings``."""
+        s = self.settings
+        return {
+            "PROJECT_ID": s.project_id,
+            "LOCATION": s.location,
+            "CLUSTER_NAME": s.cluster_name,
+            "GKE_API_ENDPOINT": s.gke_api_endpoint,
+            "KUBE_API_ENDPOINT": s.kube_api_endpoint,
+        }
+
+    def counters(self) -> Counters:
+        """The emulators' request counters right now."""
+        calls = self.gke.calls
+        requests = self.kube.requests
+        return Counters(
+            gke_creates=sum(1 for c in calls if c.method == "create"),
+            gke_deletes=sum(1 for c in calls if c.method == "delete"),
+            gke_reads=sum(1 for c in calls if c.method in GKE_READS),
+            kube_reads=sum(1 for method, _ in requests if method == "GET"),
+            kube_writes=sum(1 for method, _ in requests if method != "GET"),
+        )
+
+    def submit(self, jobset: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Store a JobSet (the API assigns its uid) and its pending pods, as the controllers would."""
+        jobset = copy.deepcopy(jobset)
+        jobset["metadata"].pop("uid", None)
+        stored = self.kube.put(jobset)
+        return stored, [self.kube.put(pod) for pod in expand_pods(stored)]
+
+    def complete(self, jobset: dict[str, Any]) -> None:
+        """Mark a JobSet Completed, as its controller does when every Job succeeded."""
+        meta = jobset["metadata"]
+        self.kube.patch_status(
+            JOBSET_API,
+            "jobsets",
+            meta["namespace"],
+            meta["name"],
+            {
+                "conditions": [
+                    {
+                        "type": "Completed",
+                        "status": "True",
+                        "reason": "AllJobsCompleted",
+                        "message": "jobset completed successfully",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    }
+                ],
+                "terminalState": "Completed",
+            },
+        )
+
+    def managed_pools(self) -> list[dict[str, Any]]:
+        """Node pools carrying the product's managed-by label."""
+        return [
+            pool
+            for pool in self.gke.pools(self.settings.cluster_path)
+            if (pool.get("config") or {}).get("labels", {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+        ]
+
+
+def pending_entry(pod: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's FailedScheduling LogEntry for a pod, as GKE's exporter writes it."""
+    meta = pod["metadata"]
+    return logentries.pod_event_entry(
+        CLUSTER_ID,
+        meta["namespace"],
+        meta["name"],
+        meta.get("uid", ""),
+        controller=("JobSet", meta["labels"].get(labels.JOBSET_NAME, "")),
+    )
+
+
+def completion_entry(jobset: dict[str, Any]) -> dict[str, Any]:
+    """The JobSet controller's AllJobsCompleted LogEntry."""
+    meta = jobset["metadata"]
+    return logentries.jobset_event_entry(CLUSTER_ID, meta["namespace"], meta["name"], meta["uid"])
+
+
+def ignored_entry() -> dict[str, Any]:
+    """A LogEntry every function acknowledges without calling any API (no cluster, no event)."""
+    return {"logName": f"projects/{PROJECT}/logs/bench", "textPayload": "cold-start probe"}
+
+
+def binary_delivery(entry: dict[str, Any], message_id: str | None = None) -> tuple[dict[str, str], bytes]:
+    """Headers and body of the Eventarc binary-mode CloudEvent carrying ``entry``."""
+    message = logentries.pubsub_message(entry, message_id=message_id)
+    headers = logentries.binary_cloudevent_headers(message, TOPIC)
+    return headers, json.dumps(logentries.eventarc_body(message, SUBSCRIPTION)).encode()
+
+
+@contextmanager
+def started(op_delay: float = 0.0, manifest: Path = JOBSET_MANIFEST) -> Iterator[BenchEnv]:
+    """Start both emulators (stopped on exit) with the JobSet CRD and the bench namespaces."""
+    if not manifest.is_file():
+        raise FileNotFoundError(f"JobSet release manifest {manifest} is missing (the CRD is served from it)")
+    seed = ClusterSeed(PROJECT, LOCATION, CLUSTER, endpoint="127.0.0.1", locations=(LOCATION,))
+    gke = GkeEmulator([seed], op_delay=op_delay).start()
+    try:
+        kube = KubeApiServer(crd_files=[manifest]).start()
+        try:
+            for ns in NAMESPACES:
+                kube.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            settings = Settings(
+                project_id=PROJECT,
+                location=LOCATION,
+                cluster_name=CLUSTER,
+                gke_api_endpoint=gke.url,
+                kube_api_endpoint=kube.url,
+            )
+            yield BenchEnv(gke, kube, settings)
+        finally:
+            kube.stop()
+    finally:
+        gke.stop()
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """The ``pct``-th percentile (nearest rank, so p99 of 1,000 samples is the 10th worst)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))  # ceil without floats drifting
+    return float(ordered[int(rank) - 1])
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (0 for no samples)."""
+    return float(statistics.median(values)) if values else 0.0

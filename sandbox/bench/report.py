@@ -1,0 +1,129 @@
+"""Render a ``sandbox.bench.runner`` report as Markdown and write it (and the JSON) to a results folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REPRODUCE = "make bench   # or: .venv/bin/tpuprov bench --out bench-results"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
+
+
+def _cold_rows(report: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for c in report.get("cold_start", []):
+        samples = ", ".join(f"{s:.2f}" for s in c["samples_s"])
+        rows.append([f"`{c['target']}`", c["probe"], f"**{c['median_s']:.2f} s**", samples])
+    return rows
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: one table per part, then the targets."""
+    machine = report["machine"]
+    lines = [
+        "## Performance",
+        "",
+        f"Measured {report['generated']} on {machine['cpus']} CPUs, Python {machine['python']} "
+        f"({machine['platform']}), against the local GKE emulator and Kubernetes API. Reproduce with:",
+        "",
+        "```sh",
+        REPRODUCE,
+        "```",
+        "",
+    ]
+    if report.get("cold_start"):
+        launches = report["config"]["launches"]
+        lines += [
+            f"**Cold start**: process launch to first 2xx under `functions-framework`, median of {launches} "
+            "launches (after one warm-up round). `reference` is the naive design: the same handler with "
+            "functions_framework, cloudevents, container_v1, pubsub_v1, google.cloud.logging and "
+            "kubernetes imported eagerly.",
+            "",
+            *_table(["function", "first delivery", "median", "samples (s)"], _cold_rows(report)),
+            "",
+        ]
+    o = report["overhead"]
+    lines += [
+        f"**Warm per-event overhead** ({o['events']} pending-pod events, {o['creates']} creates; "
+        f"{o['delivery']}): time inside the function minus time inside the GKE/Kubernetes adapters.",
+        "",
+        *_table(
+            ["", "p50", "p99"],
+            [
+                [
+                    "overhead (product)",
+                    f"{o['overhead_p50_ms']:.2f} ms",
+                    f"**{o['overhead_p99_ms']:.2f} ms**",
+                ],
+                ["API adapters", f"{o['io_p50_ms']:.2f} ms", f"{o['io_p99_ms']:.2f} ms"],
+                ["total in function", f"{o['total_p50_ms']:.2f} ms", f"{o['total_p99_ms']:.2f} ms"],
+            ],
+        ),
+        "",
+    ]
+    s = report["storm"]
+    shape = s["shape"]
+    lines += [
+        f"**Storm economy**: one JobSet of {shape['slices']} slices x {shape['hosts']} hosts, "
+        f"{shape['repeats']} FailedScheduling events per pod, {s['duplicates']} duplicates, shuffled: "
+        f"{s['events']} deliveries to {s['delivery']}; then the JobSet's completion event "
+        f"(delivered {s['release_events']} times) to one release process.",
+        "",
+        *_table(
+            ["figure", "value"],
+            [
+                ["GKE creates / deletes", f"{s['creates']} / {s['deletes']}"],
+                ["API reads per provision event (GKE + Kubernetes; budget 2)", f"{s['reads_per_event']:.2f}"],
+                ["API reads for the release deliveries", str(s["release_reads"])],
+                ["pools left after release", str(s["leaked_pools"])],
+                ["events/s handled by one instance", f"{s['events_per_second']:.0f}"],
+                ["time until all S creates were issued", _seconds(s["seconds_to_all_creates"])],
+                ["whole storm", f"{s['seconds']:.2f} s"],
+                [
+                    "peak RSS, provision (worker / leader+worker)",
+                    f"{s['provision_rss']['worker_mib']:.0f} / {s['provision_rss']['instance_mib']:.0f} MiB",
+                ],
+                [
+                    "peak RSS, release (worker / leader+worker)",
+                    f"{s['release_rss']['worker_mib']:.0f} / {s['release_rss']['instance_mib']:.0f} MiB",
+                ],
+            ],
+        ),
+        "",
+        "**Targets**",
+        "",
+        *_table(
+            ["target", "measured", "limit", "met"],
+            [
+                [
+                    t["name"],
+                    "never" if t["value"] is None else f"{t['value']:.3g} {t['unit']}",
+                    f"{t['limit']:.3g} {t['unit']}",
+                    "yes" if t["met"] else "**NO**",
+                ]
+                for t in report["targets"]
+            ],
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    """Write ``bench.json`` and ``bench.md`` into ``out_dir``; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench.json"
+    md_path = out_dir / "bench.md"
+    json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(markdown(report), encoding="utf-8")
+    return json_path, md_path

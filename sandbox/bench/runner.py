@@ -1,0 +1,154 @@
+"""``tpuprov bench``: cold start, warm per-event overhead, storm economy and memory, in one run.
+
+Starts the GKE emulator and the Kubernetes API in-process, runs each part against them, and
+returns one JSON-safe report whose ``targets`` say which published figure holds. Rendering and
+writing live in ``sandbox.bench.report``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox.bench import coldstart as bench_coldstart
+from sandbox.bench import env as bench_env
+from sandbox.bench import overhead as bench_overhead
+from sandbox.bench import storm as bench_storm
+from sandbox.bench.procs import REFERENCE_TARGET
+
+COLD_START_MAX_SECONDS = 0.8
+COLD_START_MAX_FRACTION_OF_REFERENCE = 1 / 3
+OVERHEAD_P99_MAX_MS = 20.0
+READS_PER_EVENT_MAX = 2.0
+SECONDS_TO_ALL_CREATES_MAX = 10.0
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run and how big."""
+
+    launches: int = 5
+    events: int = 1000
+    storm: bench_storm.StormShape = field(default_factory=bench_storm.StormShape)
+    cold_start: bool = True
+    log_dir: Path | None = None  # function process logs; a temporary directory when None
+
+
+def _finite(value: float, digits: int = 4) -> float | None:
+    # JSON has no infinity: a figure that was never reached (e.g. not all creates) is null.
+    return round(value, digits) if math.isfinite(value) else None
+
+
+def _target(name: str, value: float, limit: float, unit: str, ok: bool | None = None) -> dict[str, Any]:
+    met = value <= limit if ok is None else ok
+    return {"name": name, "value": _finite(value), "limit": limit, "unit": unit, "met": met}
+
+
+def _cold_targets(cold: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    medians = {(c["target"], c["kind"]): c["median_s"] for c in cold}
+    reference = medians.get((REFERENCE_TARGET, "ack"), 0.0)
+    targets = []
+    for function in ("provision", "release"):
+        value = medians.get((function, "ack"))
+        if value is None:
+            continue
+        targets.append(_target(f"cold start {function} (median)", value, COLD_START_MAX_SECONDS, "s"))
+        if reference:
+            targets.append(
+                _target(
+                    f"cold start {function} / reference",
+                    value / reference,
+                    COLD_START_MAX_FRACTION_OF_REFERENCE,
+                    "ratio",
+                )
+            )
+    return targets
+
+
+def _storm_targets(storm: bench_storm.StormResult) -> list[dict[str, Any]]:
+    s = storm.shape.slices
+    return [
+        _target("storm creates == S", storm.creates, s, "calls", ok=storm.creates == s),
+        _target("storm deletes == S", storm.deletes, s, "calls", ok=storm.deletes == s),
+        _target("storm reads per event", storm.reads_per_event, READS_PER_EVENT_MAX, "reads"),
+        _target("storm leaked pools", storm.leaked_pools, 0, "pools"),
+        _target("storm non-2xx answers", storm.non_2xx, 0, "answers"),
+        _target("storm time to all S creates", storm.seconds_to_all_creates, SECONDS_TO_ALL_CREATES_MAX, "s"),
+    ]
+
+
+def storm_dict(storm: bench_storm.StormResult) -> dict[str, Any]:
+    """The storm result as JSON-safe data (derived rates included)."""
+    out = asdict(storm)
+    out["events_per_second"] = round(storm.events_per_second, 1)
+    out["reads_per_event"] = round(storm.reads_per_event, 3)
+    out["seconds"] = round(storm.seconds, 3)
+    out["seconds_to_all_creates"] = _finite(storm.seconds_to_all_creates, 3)
+    out["delivery"] = (
+        f"one functions-framework process (gunicorn, 1 worker) over HTTP, "
+        f"{storm.shape.concurrency} concurrent client threads"
+    )
+    return out
+
+
+def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark and return the report."""
+    say = progress or (lambda _msg: None)
+    with tempfile.TemporaryDirectory(prefix="tpuprov-bench-") as scratch:
+        log_dir = config.log_dir or Path(scratch)
+        report: dict[str, Any] = {
+            "generated": datetime.datetime.now(tz=datetime.UTC).isoformat(timespec="seconds"),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(terse=True),
+            },
+            "config": {
+                "launches": config.launches,
+                "events": config.events,
+                "storm": asdict(config.storm),
+            },
+        }
+        targets: list[dict[str, Any]] = []
+        if config.cold_start:
+            with bench_env.started() as env:
+                cold = bench_coldstart.measure(env, config.launches, log_dir, progress=say)
+            report["cold_start"] = [
+                {
+                    "target": c.target,
+                    "kind": c.kind,
+                    "probe": c.description,
+                    "median_s": round(c.median, 4),
+                    "samples_s": [round(x, 4) for x in c.samples],
+                }
+                for c in cold
+            ]
+            targets += _cold_targets(report["cold_start"])
+        with bench_env.started() as env:
+            say("overhead: posting events in-process")
+            overhead = bench_overhead.measure(env, config.events)
+        report["overhead"] = {
+            "events": overhead.events,
+            "creates": overhead.creates,
+            "max_reads_per_event": overhead.max_reads_per_event,
+            "delivery": "functions-framework app in-process (Flask test client), emulators over HTTP",
+            **overhead.summary(),
+        }
+        targets.append(
+            _target("warm overhead p99", report["overhead"]["overhead_p99_ms"], OVERHEAD_P99_MAX_MS, "ms")
+        )
+        with bench_env.started() as env:
+            storm = bench_storm.run(env, config.storm, log_dir, progress=say)
+        report["storm"] = storm_dict(storm)
+        targets += _storm_targets(storm)
+        report["targets"] = targets
+        report["all_met"] = all(t["met"] for t in targets)
+        return report

@@ -1,0 +1,1 @@
+"""Simulated in-cluster components: the JobSet controller, the scheduler and node mirroring."""

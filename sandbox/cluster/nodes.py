@@ -1,0 +1,175 @@
+"""Mirror GKE node pools into Kubernetes Nodes, as GKE's node registration does.
+
+When the GKE emulator finishes creating a pool, one Node per VM appears (``gke-<cluster>-<pool>-<i>``)
+with the labels GKE puts on TPU nodes (node pool, accelerator, topology, the pool's own node labels)
+and ``google.com/tpu`` capacity equal to the chips of one VM. When a pool is deleted its Nodes go,
+and pods still running on them fail, which the JobSet controller then sees.
+
+The GKE hooks fire on the emulator's request or ticker threads; the work is queued to a worker so
+a slow Kubernetes write never holds a GKE request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox.cluster.common import QueueWorker, SimContext, with_condition
+from shared.core import labels
+from shared.tpu import catalog
+
+CPU_POOL = "default-pool"
+_Work = tuple[str, str, Any]
+
+
+def single_host_topology(accelerator: str, chips: int) -> str:
+    """The topology label GKE gives a one-VM slice of ``chips`` chips (e.g. 4 v6e chips -> ``2x2``)."""
+    for info in catalog.accelerators():
+        if info.accelerator != accelerator:
+            continue
+        for topology in info.topologies:
+            dims = [int(d) for d in topology.split("x")]
+            if math.prod(dims) == chips:
+                return topology
+    return ""
+
+
+def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Nodes GKE registers for a RUNNING pool given as GKE JSON (camelCase)."""
+    name = str(pool.get("name", ""))
+    config = pool.get("config") or {}
+    machine_type = str(config.get("machineType", ""))
+    count = int(pool.get("initialNodeCount") or 0)
+    zones = list(pool.get("locations") or [])
+    node_labels: dict[str, str] = {
+        labels.NODEPOOL: name,
+        "node.kubernetes.io/instance-type": machine_type,
+        **{str(k): str(v) for k, v in (config.get("labels") or {}).items()},
+    }
+    if zones:
+        node_labels["topology.kubernetes.io/zone"] = str(zones[0])
+    capacity = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    accelerator = catalog.accelerator_for_machine_type(machine_type)
+    chips = catalog.machine_type_chips(machine_type) or 0
+    if accelerator:
+        topology = str((pool.get("placementPolicy") or {}).get("tpuTopology", ""))
+        node_labels[labels.TPU_ACCELERATOR] = accelerator
+        node_labels[labels.TPU_TOPOLOGY] = topology or single_host_topology(accelerator, chips)
+        capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", labels.TPU_RESOURCE: str(chips)}
+        if config.get("spot"):
+            node_labels[labels.SPOT] = "true"
+    nodes = []
+    for index in range(count):
+        node_name = f"gke-{cluster_name}-{name}-{index}"
+        status: dict[str, Any] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+        status["conditions"] = with_condition(
+            status, "Ready", True, "KubeletReady", "kubelet is posting ready status"
+        )
+        nodes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": node_name,
+                    "labels": {**node_labels, "kubernetes.io/hostname": node_name},
+                },
+                "spec": {"providerID": f"gce://sandbox/{zones[0] if zones else 'zone'}/{node_name}"},
+                "status": status,
+            }
+        )
+    return nodes
+
+
+class NodeMirror:
+    """Keeps the Kubernetes Nodes in step with the GKE emulator's pools."""
+
+    def __init__(self, ctx: SimContext, cluster_path: str) -> None:
+        self.ctx = ctx
+        self.cluster_path = cluster_path
+        self.cluster_name = cluster_path.rsplit("/", 1)[-1]
+        self._worker = QueueWorker(
+            "node-mirror",
+            self._apply,
+            # keep mirroring the next pools; the timeline shows the failure
+            lambda work, exc: self.ctx.timeline.add(
+                "nodes", f"mirroring {work[0]} {work[2]!r} failed: {exc!r}"
+            ),
+        )
+
+    def attach(self, gke: Any) -> None:
+        """Register on a ``GkeEmulator`` (``on_pool_ready`` / ``on_pool_deleted``)."""
+        gke.on_pool_ready(lambda cluster, pool: self._enqueue(("ready", cluster, pool)))
+        gke.on_pool_deleted(lambda cluster, name: self._enqueue(("deleted", cluster, name)))
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._worker.start()
+
+    def stop(self) -> None:
+        """Finish queued work and stop the worker."""
+        self._worker.stop()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued pool change is applied."""
+        return self._worker.wait_idle(timeout)
+
+    def add_cpu_nodes(self, count: int) -> None:
+        """Register ``count`` ordinary (non-TPU) nodes, the cluster's default pool."""
+        pool = {
+            "name": CPU_POOL,
+            "config": {"machineType": "e2-standard-4"},
+            "initialNodeCount": count,
+        }
+        with self.ctx.lock:
+            for node in node_objects(self.cluster_name, pool):
+                self.ctx.api.put(node)
+
+    def _enqueue(self, work: _Work) -> None:
+        self._worker.submit(work)
+
+    def _apply(self, work: _Work) -> None:
+        kind, cluster, payload = work
+        if cluster != self.cluster_path:
+            return
+        if kind == "ready":
+            self._pool_ready(payload)
+        else:
+            self._pool_deleted(str(payload))
+
+    def _pool_ready(self, pool: Mapping[str, Any]) -> None:
+        nodes = node_objects(self.cluster_name, pool)
+        topology = nodes[0]["metadata"]["labels"].get(labels.TPU_TOPOLOGY, "") if nodes else ""
+        with self.ctx.lock:  # logged under the lock, so it reads before any pod bound to these nodes
+            for node in nodes:
+                self.ctx.api.put(node)
+            self.ctx.timeline.add(
+                "nodes", f"pool {pool.get('name')} RUNNING: {len(nodes)} node(s) Ready {topology}".rstrip()
+            )
+
+    def _pool_deleted(self, pool: str) -> None:
+        api = self.ctx.api
+        with self.ctx.lock:
+            gone = api.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}")
+            names = {str(n["metadata"]["name"]) for n in gone}
+            for name in sorted(names):
+                api.delete("v1", "nodes", None, name)
+            lost = 0
+            for pod in api.list("v1", "pods"):
+                status = pod.get("status") or {}
+                if (pod.get("spec") or {}).get("nodeName") in names and status.get("phase") in (
+                    "Pending",
+                    "Running",
+                ):
+                    status = dict(status)
+                    status.update(
+                        phase="Failed", reason="NodeLost", message=f"node of pool {pool} was deleted"
+                    )
+                    status["conditions"] = with_condition(
+                        status, "Ready", False, "NodeLost", "its node was deleted"
+                    )
+                    meta = pod["metadata"]
+                    api.patch_status("v1", "pods", meta.get("namespace"), meta["name"], status)
+                    lost += 1
+        suffix = f"; {lost} running pod(s) failed" if lost else ""
+        self.ctx.timeline.add("nodes", f"pool {pool} deleted: {len(names)} node(s) removed{suffix}")

@@ -1,0 +1,1 @@
+"""Emulators of the services the product calls or is fed by: GKE, Kubernetes, Pub/Sub, Eventarc, Logging."""

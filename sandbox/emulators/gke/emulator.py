@@ -1,0 +1,345 @@
+"""A local, stateful emulator of the ``google.container.v1`` REST surface the provisioner uses.
+
+It answers the real ``ClusterManagerClient`` (REST transport, ``http://`` endpoint, anonymous
+credentials) on 127.0.0.1 for: get cluster, list/create node pools, get/delete a node pool and get an
+operation. Requests and responses use the same JSON mapping as GKE (camelCase fields, string or
+numeric enums as the client asks) and errors use the ``{"error": {"code", "message", "status"}}``
+shape, so the client raises the same ``google.api_core`` exceptions it raises against GKE.
+
+In-process::
+
+    with GkeEmulator([ClusterSeed("p", "us-central2-b", "c")], op_delay=0) as gke:
+        client_endpoint = gke.url
+
+As a process (prints its URL on the first stdout line, stops cleanly on SIGTERM)::
+
+    python -m sandbox.emulators.gke.emulator --port 0 --cluster projects/p/locations/us-central2-b/clusters/c
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType, TracebackType
+from typing import Any, NamedTuple
+
+from google.cloud.container_v1.types import cluster_service as cs
+from google.protobuf import json_format
+
+from sandbox.emulators.gke.faults import KINDS, Faults
+from sandbox.emulators.gke.rules import ApiError, invalid
+from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
+
+__all__ = ["KINDS", "Call", "ClusterSeed", "GkeEmulator", "main"]
+
+_log = logging.getLogger("sandbox.gke")
+_CLUSTER = r"/v1/(projects/[^/]+/locations/[^/]+/clusters/[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(rf"^{_CLUSTER}$"), "get_cluster"),
+    ("GET", re.compile(rf"^{_CLUSTER}/nodePools$"), "list"),
+    ("POST", re.compile(rf"^{_CLUSTER}/nodePools$"), "create"),
+    ("GET", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "get"),
+    ("DELETE", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "delete"),
+    ("GET", re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$"), "get_operation"),
+]
+_CreateRequestPb: Any = cs.CreateNodePoolRequest.pb()
+_ListResponsePb: Any = cs.ListNodePoolsResponse.pb()
+
+
+class Call(NamedTuple):
+    """One request the emulator received: its kind (``create``...), URL path and a short summary."""
+
+    method: str
+    path: str
+    summary: str
+
+
+def _summarize(kind: str, body: bytes) -> str:
+    if kind != "create":
+        return ""
+    try:
+        pool = json.loads(body or b"{}").get("nodePool", {})
+        config, placement = pool.get("config", {}), pool.get("placementPolicy", {})
+        return (
+            f"name={pool.get('name', '')} machineType={config.get('machineType', '')} "
+            f"nodes={pool.get('initialNodeCount', 0)} topology={placement.get('tpuTopology', '')}"
+        )
+    except (ValueError, AttributeError):
+        return "<unparseable body>"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    emulator: GkeEmulator
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = 10  # a client that connects and never sends must not pin a thread forever
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Keep the test output quiet; calls are recorded on the emulator instead."""
+
+    def do_GET(self) -> None:
+        """Dispatch a GET."""
+        self.server.emulator._handle(self)
+
+    def do_POST(self) -> None:
+        """Dispatch a POST."""
+        self.server.emulator._handle(self)
+
+    def do_DELETE(self) -> None:
+        """Dispatch a DELETE."""
+        self.server.emulator._handle(self)
+
+    def send_json(self, code: int, payload: str) -> None:
+        """Write one JSON response and close the exchange."""
+        data = payload.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class GkeEmulator:
+    """The emulator: HTTP front end, state, faults and the inspection API tests use."""
+
+    def __init__(
+        self,
+        clusters: list[ClusterSeed] | None = None,
+        op_delay: float = 0.5,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = GkeState(list(clusters or []), op_delay=op_delay, clock=clock)
+        self.faults = Faults()
+        self._host, self._port = host, port
+        self._calls: list[Call] = []
+        self._calls_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` once started."""
+        if self._server is None:
+            raise RuntimeError("GKE emulator is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> GkeEmulator:
+        """Bind, then serve and tick operations on background threads."""
+        if self._server is not None:
+            return self
+        self._stopping.clear()
+        server = _Server((self._host, self._port), _Handler)
+        server.emulator = self
+        self._server = server
+        self._threads = [
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
+            threading.Thread(target=self._tick, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake any hung request and join the background threads."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+
+    def __enter__(self) -> GkeEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _tick(self) -> None:
+        # Operations finish (and hooks fire) even when nobody polls, like the real service.
+        while not self._stopping.wait(0.05):
+            self.state.advance()
+
+    # -- configuration, faults and hooks ----------------------------------------------------------
+
+    def set_op_delay(self, seconds: float) -> None:
+        """How long operations started from now on take to reach DONE (0: immediately)."""
+        self.state.set_op_delay(seconds)
+
+    def set_strict_cluster_ops(self, strict: bool = True) -> None:
+        """Reject any mutation while another operation runs on the same cluster (400 FAILED_PRECONDITION)."""
+        self.state.set_strict_cluster_ops(strict)
+
+    def fail_next(
+        self, method: str, status_code: int, message: str = "", times: int | None = 1, status: str = ""
+    ) -> None:
+        """Answer the next ``times`` ``method`` requests (a kind from ``KINDS``) with an error."""
+        self.faults.fail_next(method, status_code, message, times, status)
+
+    def hang_next(self, method: str, seconds: float, times: int | None = 1) -> None:
+        """Hold the next ``times`` ``method`` requests for ``seconds`` (woken early by ``stop``)."""
+        self.faults.hang_next(method, seconds, times)
+
+    def stockout(self, machine_type: str | None = None, message: str = "", times: int | None = 1) -> None:
+        """Make the next creates of ``machine_type`` (None: any) end DONE with a capacity error."""
+        self.faults.stockout(machine_type, message, times)
+
+    def clear_faults(self) -> None:
+        """Disarm every fault."""
+        self.faults.clear()
+
+    def faults_fired(self, what: str) -> int:
+        """How often a fault fired, e.g. ``"error:create"``, ``"hang:get"``, ``"stockout"``."""
+        return self.faults.fired(what)
+
+    def on_pool_ready(self, callback: PoolReadyHook) -> None:
+        """Call ``callback(cluster_path, pool_json)`` when a pool reaches RUNNING."""
+        self.state.on_pool_ready(callback)
+
+    def on_pool_deleted(self, callback: PoolDeletedHook) -> None:
+        """Call ``callback(cluster_path, pool_name)`` when a pool is gone."""
+        self.state.on_pool_deleted(callback)
+
+    def finish_operations(self) -> None:
+        """Complete all running operations now."""
+        self.state.finish_operations()
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every request received so far, in order."""
+        with self._calls_lock:
+            return list(self._calls)
+
+    def count(self, method: str) -> int:
+        """How many requests of one kind (``create``, ``delete``, ``list``, ``get``...) arrived."""
+        if method not in KINDS:
+            raise ValueError(f"unknown request kind {method!r}; use one of {', '.join(KINDS)}")
+        with self._calls_lock:
+            return Counter(call.method for call in self._calls)[method]
+
+    def pools(self, cluster_path: str) -> list[dict[str, Any]]:
+        """The cluster's node pools as GKE JSON dicts (camelCase, string enums)."""
+        return self.state.pools_json(cluster_path)
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def _handle(self, request: _Handler) -> None:
+        parsed = urllib.parse.urlsplit(request.path)
+        path = urllib.parse.unquote(parsed.path)
+        int_enums = "enum-encoding=int" in urllib.parse.unquote(parsed.query)
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else b""
+        route = next(
+            (
+                (kind, m.groups())
+                for verb, rx, kind in _ROUTES
+                if verb == request.command and (m := rx.match(path))
+            ),
+            None,
+        )
+        if route is None:
+            self._send_error(request, ApiError(404, "NOT_FOUND", f"No method {request.command} {path}."))
+            return
+        kind, args = route
+        with self._calls_lock:
+            self._calls.append(Call(kind, path, _summarize(kind, body)))
+        hang = self.faults.take_hang(kind)
+        if hang and self._stopping.wait(hang):
+            return
+        fault = self.faults.take_error(kind)
+        if fault is not None:
+            self._send_error(request, ApiError(fault.code, fault.status, fault.message))
+            return
+        try:
+            message = self._dispatch(kind, args, body)
+        except ApiError as err:
+            self._send_error(request, err)
+            return
+        except Exception as exc:  # an emulator bug must reach the client as a 500, not a dropped socket
+            _log.exception("GKE emulator failed on %s %s", request.command, path)
+            self._send_error(request, ApiError(500, "INTERNAL", f"emulator error: {exc!r}"))
+            return
+        request.send_json(200, json_format.MessageToJson(message, use_integers_for_enums=int_enums))
+
+    def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> Any:
+        if kind == "get_cluster":
+            return self.state.get_cluster(args[0])
+        if kind == "list":
+            return _ListResponsePb(node_pools=self.state.list_pools(args[0]))
+        if kind == "get":
+            return self.state.get_pool(args[0], args[1])
+        if kind == "delete":
+            return self.state.delete_pool(args[0], args[1])
+        if kind == "get_operation":
+            return self.state.get_operation(*args)
+        request = _CreateRequestPb()
+        try:
+            json_format.Parse(body or b"{}", request)
+        except json_format.ParseError as err:
+            raise invalid(f"Invalid JSON payload received. {err}") from None
+        if request.parent and request.parent != args[0]:
+            raise invalid(f"parent {request.parent!r} does not match the URL ({args[0]!r}).")
+        if not request.HasField("node_pool"):
+            raise invalid("node_pool must be specified.")
+        return self.state.create_pool(args[0], request.node_pool, self.faults.take_stockout)
+
+    @staticmethod
+    def _send_error(request: _Handler, err: ApiError) -> None:
+        payload = {"error": {"code": err.code, "message": err.message, "status": err.status}}
+        request.send_json(err.code, json.dumps(payload))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the emulator as a process until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox.emulators.gke.emulator", description="Local GKE API emulator"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--cluster", action="append", required=True, help="projects/P/locations/L/clusters/C")
+    parser.add_argument("--op-delay", type=float, default=0.5)
+    parser.add_argument("--endpoint", default="127.0.0.1", help="the clusters' Kubernetes API endpoint")
+    parser.add_argument("--ca-cert-b64", default="", help="the clusters' base64 CA certificate")
+    args = parser.parse_args(argv)
+    seeds = [ClusterSeed.from_path(path, args.endpoint, args.ca_cert_b64) for path in args.cluster]
+    done = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with GkeEmulator(seeds, op_delay=args.op_delay, host=args.host, port=args.port) as emulator:
+        print(emulator.url, flush=True)
+        while not done.wait(0.5):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Validation rules the GKE emulator applies to node-pool create requests.
+
+This is deliberately a second, independent oracle: the TPU table below is written from the public GKE
+documentation and does not import ``shared.tpu.catalog``, so a mistake in the product's catalog shows up as
+a 400 from the emulator instead of being mirrored by it.
+
+Rules operate on the raw protobuf ``google.container.v1.NodePool`` message that the HTTP layer parsed
+from the request body, and raise ``ApiError`` carrying the HTTP code, the canonical status name and a
+message phrased the way GKE phrases its own refusals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+MAX_POOL_NAME_LEN = 40
+_POOL_NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]*[a-z0-9])?$")
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
+_TOPOLOGY_RE = re.compile(r"^[1-9]\d*(?:x[1-9]\d*){1,2}$")
+# General-purpose and accelerator-optimised Compute Engine families GKE accepts for ordinary pools.
+_NON_TPU_RE = re.compile(
+    r"^(?:e2|n1|n2|n2d|n4|c2|c2d|c3|c3d|c4|c4a|c4d|t2a|t2d|m1|m2|m3|a2|a3|g2|h3)-[a-z0-9-]+$"
+)
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# google.container.v1 enum numbers used below (stable parts of the public proto).
+RESERVATION_SPECIFIC = 3
+PLACEMENT_COMPACT = 1
+
+
+class ApiError(Exception):
+    """A refusal the emulator sends back as ``{"error": {"code", "message", "status"}}``."""
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.message = message
+
+
+def invalid(message: str) -> ApiError:
+    """A 400 INVALID_ARGUMENT refusal."""
+    return ApiError(400, "INVALID_ARGUMENT", message)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuMachine:
+    """What GKE knows about one TPU machine type."""
+
+    generation: str
+    chips_per_vm: int
+    topology_dims: int  # 2 for the 2D-torus generations, 3 for the 3D ones
+    multi_host: bool  # whether slices larger than one VM can be built from this type
+
+
+TPU_MACHINES: dict[str, TpuMachine] = {
+    "ct4p-hightpu-4t": TpuMachine("v4", 4, 3, True),
+    "ct5lp-hightpu-1t": TpuMachine("v5e", 1, 2, False),
+    "ct5lp-hightpu-4t": TpuMachine("v5e", 4, 2, True),
+    "ct5lp-hightpu-8t": TpuMachine("v5e", 8, 2, False),
+    "ct5p-hightpu-4t": TpuMachine("v5p", 4, 3, True),
+    "ct6e-standard-1t": TpuMachine("v6e", 1, 2, False),
+    "ct6e-standard-4t": TpuMachine("v6e", 4, 2, True),
+    "ct6e-standard-8t": TpuMachine("v6e", 8, 2, False),
+    # Ironwood: four chips per VM, 3D torus; multi-host slices may name a workload policy instead.
+    "tpu7x-standard-4t": TpuMachine("tpu7x", 4, 3, True),
+}
+
+
+def region_of(location: str) -> str:
+    """``us-central2-b`` -> ``us-central2``; a region is returned unchanged."""
+    return location.rsplit("-", 1)[0] if _ZONE_RE.match(location) else location
+
+
+def check_pool_name(name: str) -> None:
+    """GKE node-pool names are RFC 1035 labels of at most 40 characters."""
+    if not name:
+        raise invalid("Node pool name must be specified.")
+    if len(name) > MAX_POOL_NAME_LEN:
+        raise invalid(f"Node pool name {name!r} is {len(name)} characters long; the limit is 40.")
+    if not _POOL_NAME_RE.match(name):
+        raise invalid(
+            f"Node pool name {name!r} is invalid: use lowercase letters, digits and hyphens, "
+            "start with a letter and end with a letter or digit."
+        )
+
+
+def parse_topology(topology: str) -> tuple[int, ...]:
+    """``"2x2x4"`` -> ``(2, 2, 4)``; raises a 400 for anything else."""
+    if not _TOPOLOGY_RE.match(topology):
+        raise invalid(f"TPU topology {topology!r} is malformed; expected AxB or AxBxC.")
+    return tuple(int(part) for part in topology.split("x"))
+
+
+def tpu_machine(machine_type: str) -> TpuMachine | None:
+    """The TPU entry for ``machine_type``, None for an ordinary type; 400 for an unknown type."""
+    if machine_type in TPU_MACHINES:
+        return TPU_MACHINES[machine_type]
+    if machine_type.startswith(("ct", "tpu")):
+        raise invalid(f"Machine type {machine_type!r} is not a supported TPU machine type.")
+    if machine_type and not _NON_TPU_RE.match(machine_type):
+        raise invalid(f"Invalid machine type {machine_type!r}.")
+    return None
+
+
+def _check_locations(pool: Any, cluster_location: str) -> None:
+    region = region_of(cluster_location)
+    for zone in pool.locations:
+        if not _ZONE_RE.match(zone) or region_of(zone) != region:
+            raise invalid(f"Node location {zone!r} is not a zone of the cluster's region {region!r}.")
+
+
+def _check_reservation(config: Any) -> None:
+    affinity = config.reservation_affinity
+    if affinity.consume_reservation_type != RESERVATION_SPECIFIC:
+        return
+    if affinity.key != RESERVATION_KEY:
+        raise invalid(f"Specific reservation affinity needs key {RESERVATION_KEY!r}, got {affinity.key!r}.")
+    if not list(affinity.values) or not all(affinity.values):
+        raise invalid("Specific reservation affinity needs exactly one reservation name in values.")
+
+
+def _check_tpu(pool: Any, machine_type: str, tpu: TpuMachine) -> None:
+    count = pool.initial_node_count
+    if count <= 0:
+        raise invalid(f"TPU node pool {pool.name!r} needs a positive initial_node_count.")
+    placement = pool.placement_policy
+    topology = placement.tpu_topology
+    if topology:
+        dims = parse_topology(topology)
+        if len(dims) != tpu.topology_dims:
+            raise invalid(
+                f"TPU topology {topology!r} is not valid for {machine_type}: "
+                f"{tpu.generation} slices use a {tpu.topology_dims}D topology."
+            )
+        chips = math.prod(dims)
+        if chips <= tpu.chips_per_vm:
+            raise invalid(
+                f"TPU topology {topology!r} describes a single-host slice; tpu_topology is only "
+                f"supported for multi-host {machine_type} node pools."
+            )
+        if not tpu.multi_host:
+            raise invalid(f"Machine type {machine_type} does not support multi-host TPU slices.")
+        if chips != tpu.chips_per_vm * count:
+            raise invalid(
+                f"TPU topology {topology!r} has {chips} chips but {count} x {machine_type} nodes have "
+                f"{tpu.chips_per_vm * count}; set initial_node_count to {chips // tpu.chips_per_vm}."
+            )
+    multi_host = count > 1
+    # Stricter than GKE on purpose: the product creates one pool per slice, so a TPU pool with several
+    # nodes and no topology is always a bug (a forgotten placement) that the emulator should surface.
+    if multi_host and not (topology or placement.policy_name):
+        raise invalid(
+            f"Multi-host TPU node pool {pool.name!r} ({count} x {machine_type}) needs a placement "
+            "policy with tpu_topology (or a named workload policy)."
+        )
+    if multi_host and not tpu.multi_host:
+        raise invalid(f"Machine type {machine_type} does not support multi-host TPU slices.")
+    if multi_host and pool.autoscaling.enabled:
+        raise invalid("Autoscaling is not supported on multi-host TPU slice node pools.")
+    if multi_host and len(pool.locations) > 1:
+        raise invalid("A multi-host TPU slice node pool must be placed in exactly one zone.")
+
+
+def validate_create(pool: Any, cluster_location: str) -> None:
+    """Apply GKE's create-time checks to a parsed ``NodePool`` message; raises ``ApiError``."""
+    check_pool_name(pool.name)
+    if pool.initial_node_count < 0:
+        raise invalid("initial_node_count must not be negative.")
+    _check_locations(pool, cluster_location)
+    _check_reservation(pool.config)
+    machine_type = pool.config.machine_type
+    tpu = tpu_machine(machine_type)
+    if tpu is not None:
+        _check_tpu(pool, machine_type, tpu)
+    elif pool.placement_policy.tpu_topology:
+        raise invalid(f"tpu_topology is only for TPU machine types, not {machine_type or 'e2-medium'}.")

@@ -1,0 +1,330 @@
+"""The stateful model behind the GKE emulator: clusters, node pools and long-running operations.
+
+State is kept as raw protobuf messages of ``google.container.v1`` so that the HTTP layer can encode
+responses exactly as the real service does (camelCase JSON, string or numeric enums). Operations
+advance by the clock: each read (and the emulator's ticker) moves PENDING -> RUNNING -> DONE once
+their delay has elapsed, and applies the operation's effect on the pool at DONE.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.cloud.container_v1.types import cluster_service as cs
+from google.protobuf import json_format
+
+from sandbox.emulators.gke.rules import ApiError, region_of, validate_create
+
+_log = logging.getLogger("sandbox.gke")
+
+API_BASE = "https://container.googleapis.com/v1"
+NodePoolPb: Any = cs.NodePool.pb()
+ClusterPb: Any = cs.Cluster.pb()
+OperationPb: Any = cs.Operation.pb()
+
+PoolReadyHook = Callable[[str, dict[str, Any]], None]
+PoolDeletedHook = Callable[[str, str], None]
+
+
+def _now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def to_dict(message: Any) -> dict[str, Any]:
+    """A protobuf message as the camelCase JSON dict GKE would send (string enums)."""
+    result: dict[str, Any] = json_format.MessageToDict(message)
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSeed:
+    """A cluster the emulator knows from the start (clusters are never created through it)."""
+
+    project: str
+    location: str
+    name: str
+    endpoint: str = "127.0.0.1"
+    ca_certificate_b64: str = ""
+    locations: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        """The resource path ``projects/P/locations/L/clusters/C``."""
+        return f"projects/{self.project}/locations/{self.location}/clusters/{self.name}"
+
+    @classmethod
+    def from_path(
+        cls,
+        path: str,
+        endpoint: str = "127.0.0.1",
+        ca_certificate_b64: str = "",
+        locations: tuple[str, ...] = (),
+    ) -> ClusterSeed:
+        """Build a seed from ``projects/P/locations/L/clusters/C``; zones default to the location's zone."""
+        parts = path.strip("/").split("/")
+        if len(parts) != 6 or parts[0] != "projects" or parts[2] != "locations" or parts[4] != "clusters":
+            raise ValueError(f"not a cluster path: {path!r}")
+        location = parts[3]
+        if not locations:
+            locations = (location,) if region_of(location) != location else (f"{location}-a",)
+        return cls(parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations))
+
+
+@dataclasses.dataclass
+class _Operation:
+    op_id: str
+    cluster: ClusterSeed
+    op_type: int
+    pool: str
+    started: float
+    delay: float
+    start_time: str
+    error: str = ""
+    done: bool = False
+    end_time: str = ""
+
+
+class GkeState:
+    """Clusters, pools and operations; every public method is thread-safe."""
+
+    def __init__(
+        self, clusters: list[ClusterSeed], op_delay: float = 0.5, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._lock = threading.RLock()
+        self._clock = clock
+        self._clusters = {seed.path: seed for seed in clusters}
+        self._pools: dict[str, dict[str, Any]] = {seed.path: {} for seed in clusters}
+        self._ops: dict[str, _Operation] = {}
+        self._busy: dict[tuple[str, str], str] = {}  # (cluster, pool) -> running operation id
+        self._op_ids = itertools.count(1)
+        self._op_delay = op_delay
+        self._strict = False
+        self._ready_hooks: list[PoolReadyHook] = []
+        self._deleted_hooks: list[PoolDeletedHook] = []
+
+    # -- configuration --------------------------------------------------------------------------
+
+    def set_op_delay(self, seconds: float) -> None:
+        """Delay for operations started from now on (running ones keep theirs)."""
+        if seconds < 0:
+            raise ValueError("op delay must be >= 0")
+        with self._lock:
+            self._op_delay = seconds
+
+    def set_strict_cluster_ops(self, strict: bool = True) -> None:
+        """When strict, any running operation blocks other mutations on the same cluster."""
+        with self._lock:
+            self._strict = strict
+
+    def on_pool_ready(self, callback: PoolReadyHook) -> None:
+        """Call ``callback(cluster_path, pool_json)`` whenever a create operation finishes well."""
+        with self._lock:
+            self._ready_hooks.append(callback)
+
+    def on_pool_deleted(self, callback: PoolDeletedHook) -> None:
+        """Call ``callback(cluster_path, pool_name)`` whenever a pool disappears."""
+        with self._lock:
+            self._deleted_hooks.append(callback)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def cluster(self, path: str) -> ClusterSeed:
+        """The seed of a known cluster; 404 otherwise."""
+        seed = self._clusters.get(path)
+        if seed is None:
+            raise ApiError(404, "NOT_FOUND", f"Not found: {path}.")
+        return seed
+
+    def get_cluster(self, path: str) -> Any:
+        """The Cluster message, with its current node pools."""
+        self.advance()
+        with self._lock:
+            seed = self.cluster(path)
+            cluster = ClusterPb(
+                name=seed.name,
+                location=seed.location,
+                locations=list(seed.locations),
+                endpoint=seed.endpoint,
+                status=cs.Cluster.Status.RUNNING,
+                self_link=f"{API_BASE}/{path}",
+                current_master_version="1.31.1-gke.1000000",
+            )
+            cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
+            for pool in self._pools[path].values():
+                cluster.node_pools.append(pool)
+            return cluster
+
+    def list_pools(self, path: str) -> list[Any]:
+        """Copies of the cluster's pools in creation order."""
+        self.advance()
+        with self._lock:
+            self.cluster(path)
+            return [self._copy(pool) for pool in self._pools[path].values()]
+
+    def get_pool(self, path: str, name: str) -> Any:
+        """One pool; 404 when the cluster or the pool is unknown."""
+        self.advance()
+        with self._lock:
+            self.cluster(path)
+            pool = self._pools[path].get(name)
+            if pool is None:
+                raise ApiError(404, "NOT_FOUND", f"Not found: {path}/nodePools/{name}.")
+            return self._copy(pool)
+
+    def get_operation(self, project: str, location: str, op_id: str) -> Any:
+        """One operation, addressed by ``projects/P/locations/L/operations/O``."""
+        self.advance()
+        with self._lock:
+            op = self._ops.get(op_id)
+            if op is None or op.cluster.project != project or op.cluster.location != location:
+                raise ApiError(404, "NOT_FOUND", f"Not found: operation {op_id}.")
+            return self._operation_message(op)
+
+    def pools_json(self, path: str) -> list[dict[str, Any]]:
+        """The cluster's pools as JSON dicts (for tests and the sandbox)."""
+        return [to_dict(pool) for pool in self.list_pools(path)]
+
+    # -- mutations ------------------------------------------------------------------------------
+
+    def create_pool(self, path: str, pool: Any, stockout: Callable[[str], str | None]) -> Any:
+        """Validate and start creating ``pool``; ``stockout(machine_type)`` says whether it will fail."""
+        self.advance()
+        with self._lock:
+            seed = self.cluster(path)
+            validate_create(pool, seed.location)
+            if pool.name in self._pools[path]:
+                raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}/nodePools/{pool.name}.")
+            self._check_compatible(path, pool.name)
+            stored = self._copy(pool)
+            if not stored.locations:
+                stored.locations.extend(seed.locations)
+            if not stored.config.machine_type:
+                stored.config.machine_type = "e2-medium"
+            stored.status = cs.NodePool.Status.PROVISIONING
+            stored.self_link = f"{API_BASE}/{path}/nodePools/{pool.name}"
+            stored.version = "1.31.1-gke.1000000"
+            op = self._start(seed, cs.Operation.Type.CREATE_NODE_POOL, pool.name)
+            op.error = stockout(stored.config.machine_type) or ""
+            if op.error:
+                op.error = op.error.replace("{zone}", stored.locations[0] if stored.locations else "")
+            self._pools[path][pool.name] = stored
+        return self._after_start(op)
+
+    def delete_pool(self, path: str, name: str) -> Any:
+        """Start deleting a pool: it goes STOPPING and disappears when the operation is DONE."""
+        self.advance()
+        with self._lock:
+            seed = self.cluster(path)
+            pool = self._pools[path].get(name)
+            if pool is None:
+                raise ApiError(404, "NOT_FOUND", f"Not found: {path}/nodePools/{name}.")
+            self._check_compatible(path, name)
+            pool.status = cs.NodePool.Status.STOPPING
+            pool.status_message = ""
+            op = self._start(seed, cs.Operation.Type.DELETE_NODE_POOL, name)
+        return self._after_start(op)
+
+    def finish_operations(self) -> None:
+        """Complete every running operation now (for tests that do not want to wait)."""
+        with self._lock:
+            for op in self._ops.values():
+                op.delay = 0.0
+        self.advance()
+
+    def advance(self) -> None:
+        """Move operations along by the clock and run the hooks of the ones that just finished."""
+        fired: list[Callable[[], None]] = []
+        with self._lock:
+            now = self._clock()
+            for op in self._ops.values():
+                if not op.done and now - op.started >= op.delay:
+                    fired.extend(self._finish(op))
+        for hook in fired:
+            try:
+                hook()
+            except Exception:
+                _log.exception("GKE emulator hook failed")
+
+    # -- internals ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _copy(message: Any) -> Any:
+        clone = type(message)()
+        clone.CopyFrom(message)
+        return clone
+
+    def _after_start(self, op: _Operation) -> Any:
+        # With no delay the operation is already DONE when the call returns (hooks included).
+        self.advance()
+        with self._lock:
+            return self._operation_message(op)
+
+    def _check_compatible(self, path: str, pool: str) -> None:
+        running = self._busy.get((path, pool))
+        if running is None and self._strict:
+            running = next((op for (cluster, _), op in self._busy.items() if cluster == path), None)
+        if running is not None:
+            raise ApiError(
+                400, "FAILED_PRECONDITION", f"Cluster is running incompatible operation {running}."
+            )
+
+    def _start(self, seed: ClusterSeed, op_type: int, pool: str) -> _Operation:
+        op_id = f"operation-{next(self._op_ids)}"
+        op = _Operation(op_id, seed, op_type, pool, self._clock(), self._op_delay, _now_rfc3339())
+        self._ops[op_id] = op
+        self._busy[(seed.path, pool)] = op_id
+        return op
+
+    def _finish(self, op: _Operation) -> list[Callable[[], None]]:
+        op.done = True
+        op.end_time = _now_rfc3339()
+        path = op.cluster.path
+        self._busy.pop((path, op.pool), None)
+        pool = self._pools[path].get(op.pool)
+        if pool is None:
+            return []
+        if op.op_type == cs.Operation.Type.DELETE_NODE_POOL:
+            del self._pools[path][op.pool]
+            name = op.pool
+            return [functools.partial(hook, path, name) for hook in self._deleted_hooks]
+        if op.error:
+            pool.status = cs.NodePool.Status.ERROR
+            pool.status_message = op.error
+            return []
+        pool.status = cs.NodePool.Status.RUNNING
+        snapshot = to_dict(pool)
+        return [functools.partial(hook, path, dict(snapshot)) for hook in self._ready_hooks]
+
+    def _operation_message(self, op: _Operation) -> Any:
+        seed = op.cluster
+        if op.done:
+            status = cs.Operation.Status.DONE
+        elif self._clock() - op.started < op.delay * 0.2:
+            status = cs.Operation.Status.PENDING
+        else:
+            status = cs.Operation.Status.RUNNING
+        message = OperationPb(
+            name=op.op_id,
+            location=seed.location,
+            operation_type=op.op_type,
+            status=status,
+            self_link=f"{API_BASE}/projects/{seed.project}/locations/{seed.location}/operations/{op.op_id}",
+            target_link=f"{API_BASE}/{seed.path}/nodePools/{op.pool}",
+            start_time=op.start_time,
+            end_time=op.end_time,
+        )
+        if region_of(seed.location) != seed.location:
+            message.zone = seed.location
+        if op.done and op.error:
+            message.status_message = op.error
+            message.error.code = 8  # RESOURCE_EXHAUSTED, as GKE reports stockouts
+            message.error.message = op.error
+        return message

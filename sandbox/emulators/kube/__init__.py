@@ -1,0 +1,1 @@
+"""The Kubernetes API on kmock: storage, selectors, patching, watches, discovery, CRDs and faults."""

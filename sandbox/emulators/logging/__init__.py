@@ -1,0 +1,1 @@
+"""Cloud Logging stand-ins: LogEntry builders, the sink filter language, and the log router."""

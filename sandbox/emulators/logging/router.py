@@ -1,0 +1,216 @@
+"""Cloud Logging plus the product's log sinks, for the sandbox.
+
+Every Kubernetes Event written to the sandbox API becomes the LogEntry GKE's event exporter would
+write (``sandbox.emulators.logging.entries.kube_event_entry``; a Pod's top-level JobSet controller
+goes into the entry labels as GKE derives it), and every JobSet deletion the Admin Activity audit
+entry GKE writes (``jobset_delete_audit_entry``). Each entry is matched against the very filter
+files Terraform installs (``sinks/*.filter`` through ``sandbox.emulators.logging.filter``) and
+published to the sink's topic on the Pub/Sub emulator, as the sink's writer identity would.
+
+Tests can drop chosen entries on the way (a lost export) and publish entries of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sandbox.cluster.common import KubeState, QueueWorker, ref
+from sandbox.emulators.logging.entries import jobset_delete_audit_entry, kube_event_entry
+from sandbox.emulators.logging.filter import LogFilter, load_filter
+from sandbox.stack.pubsub import SINKS, TOPIC_PREFIX, wiring
+from sandbox.stack.timeline import Timeline
+from shared.core import labels
+from shared.events.fields import ClusterId
+
+EntryPredicate = Callable[[Mapping[str, Any]], bool]
+CONTROLLER_TYPE_LABEL = "logging.gke.io/top_level_controller_type"
+CONTROLLER_NAME_LABEL = "logging.gke.io/top_level_controller_name"
+# Reasons worth a timeline line even though no sink exports them (the product's own Events).
+_NOTABLE = (
+    labels.REASON_REQUESTED,
+    labels.REASON_REFUSED,
+    labels.REASON_FAILED,
+    labels.REASON_RELEASED,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Routed:
+    """One entry a sink exported: the sink, its topic, the Pub/Sub message id and the entry."""
+
+    sink: str
+    topic: str
+    message_id: str
+    entry: Mapping[str, Any]
+
+
+@dataclasses.dataclass
+class _Drop:
+    predicate: EntryPredicate
+    remaining: int
+
+
+class LogRouter:
+    """Turns API writes into LogEntries, filters them like the sinks, publishes the matches."""
+
+    def __init__(
+        self,
+        api: KubeState,
+        cluster: ClusterId,
+        sinks_dir: Path,
+        publisher: Any,
+        timeline: Timeline,
+        prefix: str = TOPIC_PREFIX,
+        deleted_by: str = "user@example.com",
+    ) -> None:
+        self.api = api
+        self.cluster = cluster
+        self.publisher = publisher
+        self.timeline = timeline
+        self.prefix = prefix
+        self.deleted_by = deleted_by
+        substitutions = {
+            "project_id": cluster.project,
+            "location": cluster.location,
+            "cluster_name": cluster.name,
+        }
+        self.filters: dict[str, LogFilter] = {
+            name: load_filter(sinks_dir / f"{name}.filter", substitutions) for name in SINKS
+        }
+        self._lock = threading.Lock()
+        self._entries: list[dict[str, Any]] = []
+        self._routed: list[Routed] = []
+        self._dropped: list[dict[str, Any]] = []
+        self._drops: list[_Drop] = []
+        self._worker = QueueWorker(
+            "log-router",
+            lambda item: self._route(*item),
+            # one bad entry must not stop the router; the timeline shows it
+            lambda item, exc: self.timeline.add("router", f"routing failed: {exc!r}"),
+        )
+        api.on_change(self._changed)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the routing thread."""
+        self._worker.start()
+
+    def stop(self) -> None:
+        """Route what is queued, then stop."""
+        self._worker.stop()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every write seen so far has been routed."""
+        return self._worker.wait_idle(timeout)
+
+    # -- faults and inspection ------------------------------------------------------------------
+
+    def drop_next(self, predicate: EntryPredicate, times: int = 1) -> None:
+        """Lose the next ``times`` exported entries for which ``predicate(entry)`` holds."""
+        with self._lock:
+            self._drops.append(_Drop(predicate, times))
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """Every LogEntry written so far (exported or not)."""
+        with self._lock:
+            return list(self._entries)
+
+    @property
+    def routed(self) -> list[Routed]:
+        """Every entry a sink exported, in order."""
+        with self._lock:
+            return list(self._routed)
+
+    @property
+    def dropped(self) -> list[dict[str, Any]]:
+        """Entries lost on purpose through ``drop_next``."""
+        with self._lock:
+            return list(self._dropped)
+
+    def publish(self, function: str, entry: Mapping[str, Any]) -> str:
+        """Publish ``entry`` to ``function``'s topic as its sink would; returns the message id."""
+        topic = self.publisher.topic_path(self.cluster.project, wiring(function).topic(self.prefix))
+        data = json.dumps(entry, separators=(",", ":")).encode()
+        attributes = {"logging.googleapis.com/timestamp": str(entry.get("timestamp", ""))}
+        return str(self.publisher.publish(topic, data, **attributes).result(timeout=30))
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
+        kind = obj.get("kind")
+        wanted = (kind == "Event" and event_type in ("ADDED", "MODIFIED")) or (
+            kind == "JobSet" and event_type == "DELETED"
+        )
+        if wanted:
+            self._worker.submit((event_type, obj))
+
+    def _route(self, event_type: str, obj: dict[str, Any]) -> None:
+        if obj.get("kind") == "JobSet":
+            meta = obj.get("metadata") or {}
+            entry = jobset_delete_audit_entry(
+                self.cluster,
+                str(meta.get("namespace", "")),
+                str(meta.get("name", "")),
+                principal=self.deleted_by,
+            )
+            subject, detail = f"audit: JobSet {ref(obj)} deleted by {self.deleted_by}", ""
+        else:
+            entry = kube_event_entry(self.cluster, obj, labels=self._entry_labels(obj))
+            involved = obj.get("involvedObject") or {}
+            count = obj.get("count") or 1
+            repeat = f" (x{count})" if int(count) > 1 else ""
+            subject = (
+                f"{obj.get('reason')}{repeat} on {involved.get('kind')} "
+                f"{involved.get('namespace')}/{involved.get('name')}"
+            )
+            detail = f": {obj.get('message', '')}"
+        with self._lock:
+            self._entries.append(entry)
+        exported = False
+        for sink, flt in self.filters.items():
+            if not flt.matches(entry):
+                continue
+            exported = True
+            if self._take_drop(entry):
+                self.timeline.add("router", f"LOST (dropped) {subject}{detail}")
+                continue
+            function = SINKS[sink]
+            message_id = self.publish(function, entry)
+            topic = wiring(function).topic(self.prefix)
+            with self._lock:
+                self._routed.append(Routed(sink, topic, message_id, entry))
+            # Destination first: the demo cuts long lines, and the message is the least interesting part.
+            self.timeline.add("router", f"{subject} -> {topic} (message {message_id}){detail}")
+        if not exported and obj.get("reason") in _NOTABLE:
+            self.timeline.add("events", f"{subject}{detail}")
+
+    def _take_drop(self, entry: Mapping[str, Any]) -> bool:
+        with self._lock:
+            for drop in self._drops:
+                if drop.remaining > 0 and drop.predicate(entry):
+                    drop.remaining -= 1
+                    self._dropped.append(dict(entry))
+                    self._drops = [d for d in self._drops if d.remaining > 0]
+                    return True
+        return False
+
+    def _entry_labels(self, event: Mapping[str, Any]) -> dict[str, str]:
+        """The labels GKE adds to a Pod's Event entries: the pod's top-level controller."""
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") != "Pod":
+            return {}
+        pod = self.api.get("v1", "pods", involved.get("namespace"), str(involved.get("name", "")))
+        if pod is None:
+            return {}
+        pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+        jobset = pod_labels.get(labels.JOBSET_NAME)
+        if jobset:
+            return {CONTROLLER_TYPE_LABEL: "JobSet", CONTROLLER_NAME_LABEL: str(jobset)}
+        return {}

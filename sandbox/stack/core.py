@@ -1,0 +1,383 @@
+"""The whole event loop on one machine: emulators, the real functions, simulated cluster, log sinks.
+
+``Stack(config).start()`` (or ``with Stack(config) as stack:``) brings up, on free loopback ports:
+
+* the Pub/Sub emulator with infra's topics, push subscriptions, retry and dead-letter policies;
+* the GKE API emulator, whose finished pools become Kubernetes Nodes (``sandbox.cluster.nodes``);
+* the Kubernetes API with the JobSet CRD, plus a simulated JobSet controller and scheduler;
+* each event function under ``functions-framework`` as a child process, fed through the
+  Eventarc-shaped relay (``sandbox.emulators.eventarc``);
+* the log router playing Cloud Logging and the sinks (``sandbox.emulators.logging.router``).
+
+``stop()`` stops all of it: child process groups by PID, servers and threads; it also runs on
+``atexit`` and on SIGTERM (SIGINT already unwinds through ``with`` / ``finally``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, TypeVar
+
+from sandbox.cluster.common import JOBSET_API, SimContext, is_true
+from sandbox.cluster.controllers import JobSetController
+from sandbox.cluster.nodes import NodeMirror
+from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
+from sandbox.emulators.eventarc import Delivery, EventarcRelay
+from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.emulators.logging.router import LogRouter
+from sandbox.emulators.pubsub import PubsubEmulator
+from sandbox.stack.config import REPO_ROOT, StackConfig
+from sandbox.stack.functions import start_functions
+from sandbox.stack.processes import ProcessRegistry
+from sandbox.stack.pubsub import TOPIC_PREFIX, clients, create_wiring, wiring
+from sandbox.stack.summary import StackSummary, summarize
+from sandbox.stack.timeline import Timeline
+from shared.core import labels
+from shared.events.fields import ClusterId
+
+__all__ = ["Stack", "StackConfig", "StackSummary"]
+
+T = TypeVar("T")
+
+
+class Stack:
+    """Everything the sandbox runs, started and stopped as one."""
+
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig()
+        c = self.config
+        self.cluster = ClusterId(c.project, c.location, c.cluster_name)
+        self.timeline = Timeline()
+        self.processes = ProcessRegistry()
+        self.gke = GkeEmulator(
+            [ClusterSeed(c.project, c.location, c.cluster_name, locations=(c.location,))],
+            op_delay=c.gke_op_delay,
+        )
+        self.kube = KubeApiServer(crd_files=[c.manifests_dir / c.jobset_manifest])
+        self.pubsub = PubsubEmulator(c.project)
+        self.relay = EventarcRelay(c.project)
+        self.ctx = SimContext(self.kube, self.timeline)
+        self.jobsets = JobSetController(self.ctx)
+        self.scheduler = Scheduler(
+            self.ctx,
+            SchedulerConfig(
+                initial_backoff=c.scheduler_initial_backoff,
+                max_backoff=c.scheduler_max_backoff,
+                default_run_seconds=c.default_run_seconds,
+            ),
+        )
+        self.nodes = NodeMirror(self.ctx, self.cluster.path)
+        self.router: LogRouter | None = None
+        self.publisher: Any = None
+        self.function_urls: dict[str, str] = {}
+        # A temporary workdir (logs, kubeconfig) goes away with the stack; a given one is kept.
+        self._own_workdir = c.workdir is None
+        self.workdir = Path(c.workdir) if c.workdir else Path(tempfile.mkdtemp(prefix="tpuprov-sandbox-"))
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self._started_at = 0.0
+        self._started = False
+        self._stopped = False
+        self._deleted_pools: list[str] = []
+        self._decisions: list[dict[str, Any]] = []
+        self._decisions_lock = threading.Lock()
+        self._previous_sigterm: Any = None
+        self._gke_seen = 0
+        self._gke_watch = threading.Event()
+        self._gke_thread: threading.Thread | None = None
+        self._pubsub_thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> Stack:
+        """Start every component; on any failure stop what was started and re-raise."""
+        if self._started:
+            return self
+        self._started, self._started_at = True, time.monotonic()
+        atexit.register(self.stop)
+        self._install_sigterm()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.timeline.add("stack", f"sandbox up in {time.monotonic() - self._started_at:.1f}s")
+        return self
+
+    def _start(self) -> None:
+        c = self.config
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        emulator_error: list[BaseException] = []
+
+        def start_pubsub() -> None:
+            try:
+                self.pubsub.start()
+            except BaseException as exc:  # re-raised on the main thread below
+                emulator_error.append(exc)
+
+        # The Java emulator is the slowest part; the rest starts while it boots.
+        pubsub_thread = threading.Thread(target=start_pubsub, name="pubsub-start", daemon=True)
+        self._pubsub_thread = pubsub_thread
+        pubsub_thread.start()
+        self.gke.start()
+        self.kube.start()
+        self.kube.write_kubeconfig(self.kubeconfig)
+        self.nodes.attach(self.gke)
+        self.gke.on_pool_deleted(lambda cluster, name: self._deleted_pools.append(name))
+        self.nodes.start()
+        self.nodes.add_cpu_nodes(c.cpu_nodes)
+        self.relay.start()
+        self.relay.listen(self._on_delivery)
+        env = self._function_env()
+        waiters = start_functions(
+            self.processes, c.functions, env, self.workdir, REPO_ROOT, self._on_function_line
+        )
+        pubsub_thread.join(timeout=c.startup_timeout)
+        if emulator_error:
+            raise emulator_error[0]
+        if pubsub_thread.is_alive():
+            raise RuntimeError(f"the Pub/Sub emulator did not start within {c.startup_timeout:.0f}s")
+        for function, wait in waiters.items():
+            url = wait(c.startup_timeout)
+            self.function_urls[function] = url
+            self.relay.route(wiring(function).topic(TOPIC_PREFIX), function, url)
+        create_wiring(
+            self.pubsub.host,
+            c.project,
+            {f: self.relay.push_endpoint(wiring(f).topic(TOPIC_PREFIX)) for f in c.functions},
+            retry=c.retry,
+            max_delivery_attempts=c.max_delivery_attempts,
+        )
+        self.publisher, _subscriber = clients(self.pubsub.host)
+        _subscriber.close()
+        self.router = LogRouter(self.kube, self.cluster, c.sinks_dir, self.publisher, self.timeline)
+        self.router.start()
+        self.jobsets.start()
+        self.scheduler.start()
+        self._gke_thread = threading.Thread(target=self._watch_gke, name="gke-watch", daemon=True)
+        self._gke_thread.start()
+
+    def stop(self) -> None:
+        """Stop everything that was started (idempotent; safe to call from any exit path)."""
+        if self._stopped or not self._started:
+            if self._own_workdir and not self._started:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            return
+        self._stopped = True
+        atexit.unregister(self.stop)
+        self._restore_sigterm()
+        self._gke_watch.set()
+        steps: list[Callable[[], None]] = [
+            self.jobsets.stop,
+            self.scheduler.stop,
+            self.relay.stop,
+            self.processes.stop_all,
+            lambda: self.router.stop() if self.router else None,
+            self.nodes.stop,
+            lambda: self.publisher.transport.close() if self.publisher else None,
+            self._stop_pubsub,
+            self.kube.stop,
+            self.gke.stop,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep stopping the rest; report at the end
+                print(f"sandbox: stop step failed: {exc!r}", file=sys.stderr)
+        if self._gke_thread is not None:
+            self._gke_thread.join(timeout=5)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def _stop_pubsub(self) -> None:
+        # A failure elsewhere can stop the stack while the emulator is still booting on its thread;
+        # let that finish first, or the emulator would come up after stop() and outlive us.
+        if self._pubsub_thread is not None:
+            self._pubsub_thread.join(timeout=self.config.startup_timeout)
+        self.pubsub.stop()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            raise SystemExit(128 + signum)  # unwinds through finally/with, which stop the stack
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    # -- wiring helpers -------------------------------------------------------------------------
+
+    def _function_env(self) -> dict[str, str]:
+        c = self.config
+        return {
+            "PROJECT_ID": c.project,
+            "LOCATION": c.location,
+            "CLUSTER_NAME": c.cluster_name,
+            "GKE_API_ENDPOINT": self.gke.url,
+            "KUBE_API_ENDPOINT": self.kube.url,
+            "MAX_EVENT_AGE_SECONDS": str(c.max_event_age_seconds),
+            "MANIFESTS_DIR": str(c.manifests_dir),
+            **dict(c.function_env),
+        }
+
+    def _on_function_line(self, function: str, line: str) -> None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(record, dict) and record.get("event"):
+            with self._decisions_lock:
+                self._decisions.append({**record, "function": function})
+            self.timeline.add(function, f"{record['event']}: {record.get('message', '')}")
+
+    def _on_delivery(self, delivery: Delivery) -> None:
+        again = f" (delivery {delivery.attempt})" if delivery.attempt > 1 else ""
+        self.timeline.add(
+            "relay",
+            f"{delivery.function} <- message {delivery.message_id}{again}: HTTP {delivery.status} "
+            f"in {delivery.latency * 1000:.0f} ms",
+        )
+
+    def _watch_gke(self) -> None:
+        while not self._gke_watch.wait(0.1):
+            calls = self.gke.calls
+            for call in calls[self._gke_seen :]:
+                if call.method in ("create", "delete"):
+                    what = call.summary or call.path.rsplit("/", 1)[-1]
+                    self.timeline.add("gke", f"{call.method} node pool {what}")
+            self._gke_seen = len(calls)
+
+    # -- using the stack ------------------------------------------------------------------------
+
+    def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a JobSet (the API assigns its uid); returns the stored object."""
+        stored = self.kube.put(dict(jobset))
+        meta = stored["metadata"]
+        self.timeline.add("user", f"submitted JobSet {meta.get('namespace')}/{meta.get('name')}")
+        self.jobsets.wake()
+        return stored
+
+    def delete_jobset(self, namespace: str, name: str) -> bool:
+        """Delete a JobSet as ``kubectl delete`` would (its pods are garbage-collected)."""
+        self.timeline.add("user", f"kubectl delete jobset {namespace}/{name}")
+        return self.kube.delete(JOBSET_API, labels.JOBSET_PLURAL, namespace, name)
+
+    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The JobSet as the API has it now."""
+        return self.kube.get(JOBSET_API, labels.JOBSET_PLURAL, namespace, name)
+
+    def jobset_state(self, namespace: str, name: str) -> str:
+        """``Completed``, ``Failed``, ``Suspended``, ``Running`` or ``Gone``."""
+        jobset = self.jobset(namespace, name)
+        if jobset is None:
+            return "Gone"
+        for state in ("Completed", "Failed", "Suspended"):
+            if is_true(jobset, state):
+                return state
+        return "Running"
+
+    def pools(self) -> list[dict[str, Any]]:
+        """The cluster's node pools as GKE JSON."""
+        return self.gke.pools(self.cluster.path)
+
+    def managed_pools(self) -> list[dict[str, Any]]:
+        """Pools carrying the product's managed-by node label."""
+        return [
+            p
+            for p in self.pools()
+            if ((p.get("config") or {}).get("labels") or {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+        ]
+
+    def events(self, reason: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Kubernetes Events in the API, optionally of one reason."""
+        items = self.kube.list("v1", "events", namespace)
+        return [e for e in items if reason is None or e.get("reason") == reason]
+
+    def decisions(self, event: str | None = None, function: str | None = None) -> list[dict[str, Any]]:
+        """The functions' structured decision log lines (``provision.created``...), oldest first."""
+        with self._decisions_lock:
+            records = list(self._decisions)
+        return [
+            r
+            for r in records
+            if (event is None or r.get("event") == event)
+            and (function is None or r.get("function") == function)
+        ]
+
+    def publish_entry(self, function: str, entry: Mapping[str, Any]) -> str:
+        """Publish a LogEntry to ``function``'s topic as a sink would; returns the message id."""
+        if self.router is None:
+            raise RuntimeError("the stack is not started")
+        return self.router.publish(function, entry)
+
+    def trigger_reconcile(self) -> str:
+        """Publish a Cloud Scheduler tick to the reconcile topic (the payload infra sends)."""
+        topic = self.publisher.topic_path(self.config.project, wiring("reconcile").topic(TOPIC_PREFIX))
+        data = json.dumps({"source": "cloud-scheduler", "action": "reconcile"}).encode()
+        self.timeline.add("cron", "Cloud Scheduler tick -> reconcile topic")
+        return str(self.publisher.publish(topic, data).result(timeout=30))
+
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.1
+    ) -> T:
+        """Poll ``predicate`` until it returns something truthy; TimeoutError with the timeline tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                tail = "\n".join(e.render() for e in self.timeline.entries()[-40:])
+                raise TimeoutError(
+                    f"timed out after {timeout:.0f}s waiting for {what or predicate!r}:\n{tail}"
+                )
+            time.sleep(interval)
+
+    def env(self) -> dict[str, str]:
+        """What to export to use the running sandbox from a shell (gcloud, kubectl, tpuprov publish)."""
+        return {
+            "PUBSUB_EMULATOR_HOST": self.pubsub.host,
+            "PUBSUB_PROJECT_ID": self.config.project,
+            "KUBECONFIG": str(self.kubeconfig),
+            **self._function_env(),
+        }
+
+    @property
+    def pids(self) -> list[int]:
+        """PIDs of the child processes (function servers and the emulator's process group)."""
+        pids = self.processes.pids
+        if self.pubsub.pid is not None:
+            pids.append(self.pubsub.pid)
+        return pids
+
+    def summary(self) -> StackSummary:
+        """Pools created (distinct pools that came to exist), deleted, leaked (managed pools left), time."""
+        return summarize(
+            self.gke.calls,
+            self.pools(),
+            self.managed_pools(),
+            list(self._deleted_pools),
+            self.relay.deliveries,
+            time.monotonic() - self._started_at,
+        )

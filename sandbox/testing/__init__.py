@@ -1,0 +1,1 @@
+"""Test support: stateful fakes, object builders, function clients and pytest fixture plugins."""

@@ -1,0 +1,205 @@
+"""Stateful in-memory fakes of the two API seams, speaking the real error vocabulary.
+
+Used for fast service-level tests; wire-level tests use the HTTP emulators instead. The fakes keep
+state (a created pool is listed, a deleted one is gone) and raise the same ``shared.core.errors`` the
+adapters raise for 404, 409, 429 and GKE's "incompatible operation".
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError, TransientError
+from shared.tpu.nodepools import (
+    STATUS_PROVISIONING,
+    STATUS_STOPPING,
+    ClusterInfo,
+    NodePoolInfo,
+    NodePoolSpec,
+    OperationInfo,
+)
+
+_TOO_MANY = "429 Too many operations are running on the cluster"
+_INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234"
+
+
+class FakeGke:
+    """``NodePoolAPI`` over a dict of pools; ``fail(method, kind, times)`` queues faults."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, dict[str, NodePoolInfo]] = {}
+        self.specs: dict[str, NodePoolSpec] = {}
+        self.calls: list[tuple[str, str]] = []
+        self._faults: dict[str, list[Exception]] = {}
+        self._ops = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def fail(self, method: str, kind: str, times: int = 1) -> None:
+        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected or unavailable."""
+        errors: dict[str, Callable[[], Exception]] = {
+            "429": lambda: TransientError(_TOO_MANY),
+            "incompatible": lambda: TransientError(_INCOMPATIBLE),
+            "unavailable": lambda: TransientError("503 Service Unavailable"),
+            "rejected": lambda: RejectedError("400 Invalid machine type", 400),
+        }
+        self._faults.setdefault(method, []).extend(errors[kind]() for _ in range(times))
+
+    def _enter(self, method: str, target: str) -> None:
+        self.calls.append((method, target))
+        queue = self._faults.get(method)
+        if queue:
+            raise queue.pop(0)
+
+    def count(self, method: str) -> int:
+        """How many times ``method`` was called (faulted calls included)."""
+        return sum(1 for m, _ in self.calls if m == method)
+
+    def add(self, cluster: str, pool: NodePoolInfo) -> None:
+        """Seed a pool directly (e.g. an unmanaged one, or one in ERROR)."""
+        self.pools.setdefault(cluster, {})[pool.name] = pool
+
+    def get_cluster(self, cluster: str) -> ClusterInfo:
+        """A fixed cluster description."""
+        self._enter("get_cluster", cluster)
+        name = cluster.rsplit("/", 1)[-1]
+        return ClusterInfo(name=name, location="", endpoint="127.0.0.1", ca_certificate="")
+
+    def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
+        """Pools of the cluster, in name order."""
+        with self._lock:
+            self._enter("list", cluster)
+            return [copy.copy(p) for _, p in sorted(self.pools.get(cluster, {}).items())]
+
+    def get_node_pool(self, cluster: str, name: str) -> NodePoolInfo:
+        """One pool or NotFoundError."""
+        with self._lock:
+            self._enter("get", name)
+            try:
+                return self.pools[cluster][name]
+            except KeyError:
+                raise NotFoundError(f"404 node pool {name} not found") from None
+
+    def create_node_pool(self, cluster: str, spec: NodePoolSpec, why: str) -> str:
+        """Record the pool as PROVISIONING; 409 if it exists."""
+        with self._lock:
+            self._enter("create", spec.name)
+            pools = self.pools.setdefault(cluster, {})
+            if spec.name in pools:
+                raise AlreadyExistsError(f"409 node pool {spec.name} already exists")
+            pools[spec.name] = NodePoolInfo(
+                name=spec.name,
+                status=STATUS_PROVISIONING,
+                machine_type=spec.machine_type,
+                node_count=spec.node_count,
+                labels=dict(spec.labels),
+                node_locations=spec.node_locations,
+                tpu_topology=spec.placement.tpu_topology if spec.placement else "",
+            )
+            self.specs[spec.name] = spec
+            return f"operation-{next(self._ops)}"
+
+    def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
+        """Remove the pool; 404 if it does not exist."""
+        with self._lock:
+            self._enter("delete", name)
+            if name not in self.pools.get(cluster, {}):
+                raise NotFoundError(f"404 node pool {name} not found")
+            del self.pools[cluster][name]
+            return f"operation-{next(self._ops)}"
+
+    def mark(self, cluster: str, name: str, status: str, message: str = "") -> None:
+        """Change a pool's status (RUNNING, ERROR, STOPPING...)."""
+        pool = self.pools[cluster][name]
+        self.pools[cluster][name] = dataclasses.replace(pool, status=status, status_message=message)
+
+    def get_operation(self, operation: str) -> OperationInfo:
+        """Every fake operation is DONE at once."""
+        self._enter("get_operation", operation)
+        return OperationInfo(name=operation, status="DONE")
+
+    def managed_names(self, cluster: str) -> list[str]:
+        """Names of pools that are not being deleted."""
+        return sorted(n for n, p in self.pools.get(cluster, {}).items() if p.status != STATUS_STOPPING)
+
+
+class FakeKube:
+    """``KubeAPI`` over dicts of pods and JobSets; records Events."""
+
+    def __init__(self) -> None:
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.jobsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.reads = 0
+        self.down = False
+
+    def _read(self) -> None:
+        if self.down:
+            raise TransientError("Kubernetes API unreachable: connection refused")
+        self.reads += 1
+
+    def add_pod(self, pod: dict[str, Any]) -> None:
+        """Store a pod."""
+        meta = pod["metadata"]
+        self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
+
+    def add_jobset(self, jobset: dict[str, Any]) -> None:
+        """Store a JobSet."""
+        meta = jobset["metadata"]
+        self.jobsets[(meta.get("namespace", "default"), meta["name"])] = jobset
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod or NotFoundError."""
+        self._read()
+        try:
+            return copy.deepcopy(self.pods[(namespace, name)])
+        except KeyError:
+            raise NotFoundError(f"404 pods {name!r} not found") from None
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+        """Pods, filtered by namespace and by label-key existence selectors."""
+        self._read()
+        keys = [k for k in label_selector.split(",") if k]
+        return [
+            copy.deepcopy(p)
+            for (ns, _), p in sorted(self.pods.items())
+            if (namespace is None or ns == namespace)
+            and all(k in (p["metadata"].get("labels") or {}) for k in keys)
+        ]
+
+    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """One JobSet or NotFoundError."""
+        self._read()
+        try:
+            return copy.deepcopy(self.jobsets[(namespace, name)])
+        except KeyError:
+            raise NotFoundError(f"404 jobsets {name!r} not found") from None
+
+    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """JobSets, optionally in one namespace."""
+        self._read()
+        return [copy.deepcopy(j) for (ns, _), j in sorted(self.jobsets.items()) if namespace in (None, ns)]
+
+    def record_event(
+        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Keep the Event for assertions."""
+        meta = involved.get("metadata") or {}
+        self.events.append(
+            {
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "reason": reason,
+                "message": message,
+                "type": "Warning" if warning else "Normal",
+            }
+        )
+
+    def reasons(self) -> list[str]:
+        """The reasons of all recorded Events, in order."""
+        return [e["reason"] for e in self.events]

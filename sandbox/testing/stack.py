@@ -1,0 +1,157 @@
+"""Helpers for scenario tests on a running ``Stack``: fast settings, submission and the end checks.
+
+The checks every scenario makes are in one place so that each test states only what is special
+about it: exactly one successful create per slice, no pool left once the JobSet is over, and the
+product's Events recorded in the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox.stack.config import StackConfig
+from sandbox.stack.core import Stack
+from sandbox.stack.pubsub import RetryPolicy
+from sandbox.testing.builders import tpu_jobset
+from shared.core import labels
+
+# Same policy shape as infra (exponential, capped), scaled down so a redelivery takes a second.
+FAST_RETRY = RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4)
+FAST = StackConfig(
+    gke_op_delay=0.5,
+    retry=FAST_RETRY,
+    scheduler_initial_backoff=0.5,
+    scheduler_max_backoff=2.0,
+    default_run_seconds=1.0,
+)
+
+
+def exclusive_tpu_jobset(name: str, **options: Any) -> dict[str, Any]:
+    """A TPU JobSet placing one Job per node pool, as multislice training JobSets do."""
+    annotations = {labels.EXCLUSIVE_TOPOLOGY: labels.NODEPOOL, **options.pop("annotations", {})}
+    return tpu_jobset(name, annotations=annotations, **options)
+
+
+def mixed_tpu_jobset(
+    name: str, topologies: tuple[str, ...] = ("2x2", "2x4"), **options: Any
+) -> dict[str, Any]:
+    """One slice per topology, each its own replicated job.
+
+    Pools of one shape are interchangeable to the scheduler: a slice whose pool comes late can
+    find its pod already running on another slice's pool. Distinct shapes keep each pod on the
+    pool made for it, so a scenario about faults stays deterministic.
+    """
+    jobset = exclusive_tpu_jobset(name, replicas=1, topology=topologies[0], replicated_job="s0", **options)
+    for index, topology in enumerate(topologies[1:], start=1):
+        other = tpu_jobset(name, replicas=1, topology=topology, replicated_job=f"s{index}", **options)
+        jobset["spec"]["replicatedJobs"] += other["spec"]["replicatedJobs"]
+    return jobset
+
+
+def submit(stack: Stack, jobset: Mapping[str, Any]) -> dict[str, Any]:
+    """Submit a builder JobSet, letting the API assign the uid as it would for ``kubectl apply``."""
+    body = copy.deepcopy(dict(jobset))
+    body["metadata"].pop("uid", None)
+    return stack.submit(body)
+
+
+def owned_pools(stack: Stack, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """Current pools whose ownership labels name JobSet ``namespace/name``."""
+    result = []
+    for pool in stack.managed_pools():
+        node_labels = (pool.get("config") or {}).get("labels") or {}
+        if (
+            node_labels.get(labels.OWNER_NAME) == name
+            and node_labels.get(labels.OWNER_NAMESPACE) == namespace
+        ):
+            result.append(pool)
+    return result
+
+
+def create_requests(stack: Stack, name: str) -> Counter[str]:
+    """Create requests GKE received for the pools of JobSet ``name`` (by pool name)."""
+    counts: Counter[str] = Counter()
+    for call in stack.gke.calls:
+        if call.method != "create":
+            continue
+        pool = next((p.split("=", 1)[1] for p in call.summary.split() if p.startswith("name=")), "")
+        if pool.startswith(f"tpu-{name}-"):
+            counts[pool] += 1
+    return counts
+
+
+def successful_creates(stack: Stack, name: str) -> Counter[str]:
+    """Pools of JobSet ``name`` that a function created (``provision.created``), by pool name."""
+    return Counter(
+        str(d.get("pool"))
+        for d in stack.decisions("provision.created")
+        if str(d.get("slice", "")).split(" ")[0].endswith(f"/{name}")
+    )
+
+
+def events_about(stack: Stack, reason: str, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+    """Events of ``reason`` about JobSet ``name`` or one of its pods."""
+    found = []
+    for event in stack.events(reason, namespace):
+        involved = event.get("involvedObject") or {}
+        target = str(involved.get("name", ""))
+        if target == name or target.startswith(f"{name}-"):
+            found.append(event)
+    return found
+
+
+def wait_finished(stack: Stack, name: str, timeout: float = 30.0, namespace: str = "default") -> str:
+    """Wait until the JobSet is Completed or Failed; returns which."""
+    stack.wait_for(
+        lambda: stack.jobset_state(namespace, name) in ("Completed", "Failed"),
+        timeout,
+        f"JobSet {name} to finish",
+    )
+    return stack.jobset_state(namespace, name)
+
+
+def wait_released(stack: Stack, name: str, timeout: float = 20.0, namespace: str = "default") -> None:
+    """Wait until no pool of the JobSet is left and its Nodes are gone too.
+
+    Waiting for the Nodes keeps the next scenario's pods off nodes that are about to disappear.
+    """
+
+    def released() -> bool:
+        if owned_pools(stack, name, namespace):
+            return False
+        nodes = stack.kube.list("v1", "nodes", label_selector=f"{labels.OWNER_NAME}={name}")
+        return not [n for n in nodes if n["metadata"]["labels"].get(labels.OWNER_NAMESPACE) == namespace]
+
+    stack.wait_for(released, timeout, f"pools and nodes of {name} to be deleted")
+
+
+def assert_clean_run(
+    stack: Stack, name: str, slices: int, creates_per_pool: int = 1, released_event: bool = True
+) -> None:
+    """The checks of every scenario once its JobSet is over.
+
+    Exactly ``slices`` pools, each created successfully ``creates_per_pool`` times (1, except when a
+    scenario recycles a failed pool), none left, and the Requested/Released Events recorded (the
+    Released one names every pool; ``released_event=False`` when the JobSet itself was deleted).
+    """
+    assert stack.jobsets.errors == [] and stack.scheduler.errors == [], "a simulated controller failed"
+    created = successful_creates(stack, name)
+    assert len(created) == slices, f"pools created for {name}: {dict(created)}"
+    assert set(created.values()) == {creates_per_pool}, f"successful creates per pool: {dict(created)}"
+    assert set(create_requests(stack, name)) == set(created), "GKE saw creates for other pool names"
+    assert owned_pools(stack, name) == [], "pools left behind"
+    requested = events_about(stack, labels.REASON_REQUESTED, name)
+    assert len(requested) == slices * creates_per_pool, [e.get("message") for e in requested]
+    if not released_event:  # a deleted JobSet has nothing left to record the release on
+        return
+    released = events_about(stack, labels.REASON_RELEASED, name)
+    released_pools = {
+        word
+        for event in released
+        for word in str(event.get("message", "")).split(":")[0].replace(",", " ").split()
+        if word.startswith("tpu-")
+    }
+    assert released_pools == set(created), f"released {released_pools}, created {set(created)}"

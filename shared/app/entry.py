@@ -1,0 +1,148 @@
+"""What every thin entrypoint shares: the per-instance runtime and the outcome -> HTTP mapping.
+
+A function's ``main.py`` decodes nothing and decides nothing; it hands the CloudEvent and one
+service call to :func:`handle`. The mapping is the product's delivery contract with Eventarc:
+
+* the call returns, or raises ``PermanentError`` -> 2xx, the message is acknowledged (and the reason logged);
+* it raises ``TransientError`` -> 503 (a clean HTTP error, no traceback), Pub/Sub redelivers with backoff;
+* anything else is a bug -> 500 with the traceback logged; redelivery then dead-lettering keep the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import flask
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
+
+from shared.core import logs
+from shared.core.errors import PermanentError, TransientError
+from shared.core.settings import Settings
+
+log = logs.get("entry")
+
+
+class Redeliver(ServiceUnavailable):
+    """Raised out of a function to answer 503 so that Pub/Sub redelivers the message."""
+
+
+class Runtime:
+    """Per-instance state: settings parsed once, API adapters built lazily and cached.
+
+    Cloud Run reuses an instance for many deliveries, so clients (and their TCP/TLS connections,
+    tokens and the GKE cluster lookup) are built on first use and kept; nothing is built at import.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.RLock()  # services built under it ask for the adapters
+        self._cache: dict[str, Any] = {}
+
+    def _cached(self, key: str, build: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key not in self._cache:
+                self._cache[key] = build()
+            return self._cache[key]
+
+    def gke(self) -> Any:
+        """The GKE node-pool adapter (``shared.cloud.gke.GkeNodePoolAPI``)."""
+
+        def build() -> Any:
+            from shared.cloud.gke import GkeNodePoolAPI
+
+            return GkeNodePoolAPI(endpoint=self.settings.gke_api_endpoint)
+
+        return self._cached("gke", build)
+
+    def kube(self) -> Any:
+        """The Kubernetes adapter (``shared.cloud.kube.KubeClient``) for the managed cluster."""
+
+        def build() -> Any:
+            from shared.cloud.kube import connect
+
+            return connect(self.settings, self.gke)
+
+        return self._cached("kube", build)
+
+    def service(self, key: str, build: Callable[[Runtime], Any]) -> Any:
+        """A domain service built once per instance from this runtime."""
+        return self._cached(f"service:{key}", lambda: build(self))
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """The instance's runtime; the first call parses the environment (entrypoints only)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            settings = Settings.from_env()
+            logs.configure(settings.project_id)
+            _runtime = Runtime(settings)
+        return _runtime
+
+
+def reset_runtime(settings: Settings | None = None) -> Runtime | None:
+    """Drop the cached runtime (tests, sandbox); with ``settings`` install a fresh one built from them."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = Runtime(settings) if settings is not None else None
+        if settings is not None:
+            logs.configure(settings.project_id)
+        return _runtime
+
+
+def _trace_id(cloud_event: Any) -> str:
+    # Eventarc forwards W3C trace context as the `traceparent` extension: 00-<trace>-<span>-<flags>.
+    try:
+        parent = cloud_event.get("traceparent") or ""
+    except Exception:
+        return ""
+    parts = str(parent).split("-")
+    return parts[1] if len(parts) >= 3 else ""
+
+
+def guard_boundary(function: str) -> None:
+    """Answer 400, not a 500 with a traceback, for requests functions-framework itself cannot parse.
+
+    functions-framework raises before calling the function for some malformed bodies (a JSON array,
+    a legacy event whose context is a string, undecodable bytes); a 500 would make Pub/Sub redeliver
+    garbage until it is dead-lettered. Called from ``main.py`` at import, which functions-framework
+    does inside the app context; elsewhere (plain imports) it does nothing.
+    """
+    if not flask.has_app_context():
+        return
+    app = flask.current_app._get_current_object()  # type: ignore[attr-defined]
+
+    @app.errorhandler(Exception)
+    def _unparseable(exc: Exception) -> Any:
+        if isinstance(exc, HTTPException):
+            return exc  # functions-framework's own 4xx and our 503 are answers already
+        if flask.g.get("tpuprov_entered"):
+            raise exc  # the product itself failed: keep the 500 and its traceback
+        why = f"not a deliverable event: functions-framework could not parse it ({type(exc).__name__})"
+        logs.decision(log, "delivery.rejected", why, logging.WARNING, function=function)
+        return why, 400
+
+
+def handle(function: str, cloud_event: Any, action: Callable[[], Any]) -> None:
+    """Run ``action`` for one delivery and map its outcome onto ack (return) or redelivery (raise)."""
+    if flask.has_app_context():
+        flask.g.tpuprov_entered = True
+    try:
+        message_id = str(cloud_event.get("id") or "")
+    except Exception:
+        message_id = ""
+    with logs.bound(function=function, message_id=message_id, trace=_trace_id(cloud_event)):
+        try:
+            action()
+        except PermanentError as exc:
+            logs.decision(log, "delivery.acked", f"acknowledged without effect: {exc.why}", logging.WARNING)
+        except TransientError as exc:
+            logs.decision(log, "delivery.retry", f"will be redelivered: {exc.why}", logging.ERROR)
+            raise Redeliver(description=exc.why) from None

@@ -1,0 +1,86 @@
+"""One handler per event-driven function: decoded event in, one domain service call out.
+
+Entrypoints call these through ``shared.app.entry.handle``; keeping them here (not in ``main.py``) makes
+them importable and testable, and keeps the entrypoints to a few lines.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shared.app.entry import Runtime
+from shared.core import logs
+from shared.events import envelope as events
+from shared.provisioning.provisioner import KNOWN_POOL_TTL_SECONDS, Outcome, Provisioner
+from shared.provisioning.reconciler import Reconciler, Summary
+from shared.provisioning.releaser import Releaser
+
+log = logs.get("handlers")
+
+
+def _ignore(function: str, why: str, **fields: Any) -> None:
+    logs.decision(log, f"{function}.ignored", why, logging.INFO, **fields)
+
+
+def _foreign(runtime: Runtime, cluster: events.ClusterId) -> str:
+    s = runtime.settings
+    if (cluster.project, cluster.location, cluster.name) != (s.project_id, s.location, s.cluster_name):
+        return f"event is for cluster {cluster.path}, this deployment manages {s.cluster_path}"
+    return ""
+
+
+def provisioner(runtime: Runtime) -> Provisioner:
+    """The instance's Provisioner (built once)."""
+    return runtime.service(
+        "provisioner",
+        lambda rt: Provisioner(rt.settings, rt.gke(), rt.kube(), known_pool_ttl=KNOWN_POOL_TTL_SECONDS),
+    )
+
+
+def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
+    """Handle a delivery on the pending-pods topic."""
+    decoded = events.decode_cloud_event(cloud_event)
+    event = decoded.event
+    if not isinstance(event, events.PodUnschedulable):
+        _ignore("provision", f"not a pending-pod event: {getattr(event, 'reason', event.kind)}")
+        return None
+    foreign = _foreign(runtime, event.cluster)
+    if foreign:
+        _ignore("provision", foreign)
+        return None
+    # GKE's controller labels name the JobSet even when the pod is already gone.
+    owner = event.controller_name if event.controller_type == "JobSet" else ""
+    jobset = {"jobset": f"{event.namespace}/{owner}"} if owner else {}
+    with logs.bound(pod=f"{event.namespace}/{event.pod}", **jobset):
+        return provisioner(runtime).handle_pending_pod(event.namespace, event.pod, event.timestamp)
+
+
+def release(runtime: Runtime, cloud_event: Any) -> list[str] | None:
+    """Handle a delivery on the JobSet-lifecycle topic (terminal Events and audited deletions)."""
+    decoded = events.decode_cloud_event(cloud_event)
+    event = decoded.event
+    if isinstance(event, events.JobSetFinished):
+        trigger = f"JobSet {event.outcome.lower()} ({event.reason})"
+        uid = event.uid
+    elif isinstance(event, events.JobSetDeleted):
+        trigger = f"JobSet deleted by {event.principal or 'unknown'}"
+        uid = ""
+    else:
+        _ignore("release", f"not a JobSet lifecycle event: {getattr(event, 'reason', event.kind)}")
+        return None
+    foreign = _foreign(runtime, event.cluster)
+    if foreign:
+        _ignore("release", foreign)
+        return None
+    service = runtime.service("releaser", lambda rt: Releaser(rt.settings, rt.gke(), rt.kube()))
+    with logs.bound(jobset=f"{event.namespace}/{event.name}"):
+        result: list[str] = service.release(event.namespace, event.name, uid, trigger)
+        return result
+
+
+def reconcile(runtime: Runtime, cloud_event: Any) -> Summary:
+    """Handle a scheduler tick on the reconcile topic (the payload does not matter)."""
+    service = runtime.service("reconciler", lambda rt: Reconciler(rt.settings, rt.gke(), rt.kube()))
+    summary: Summary = service.sweep()
+    return summary

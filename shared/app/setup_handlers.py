@@ -1,0 +1,79 @@
+"""Handlers of the two cluster-setup functions: ``setup_cluster`` and ``apply_kueue``.
+
+Like ``shared.app.handlers`` for the event-driven functions, each handler takes the instance's
+runtime and the CloudEvent, decodes the Pub/Sub payload, and makes one service call. Errors are
+``shared.core.errors`` and ``shared.app.entry.handle`` maps them onto ack or redelivery.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shared.app.entry import Runtime
+from shared.cloud.objects import ApiClientObjects, Bounds
+from shared.core import logs
+from shared.core.errors import InvalidInputError
+from shared.events import envelope as events
+from shared.events.trigger import parse_setup_payload
+from shared.kueue.apply import KueueReport, KueueService
+from shared.kueue.config import load_config, parse_config
+from shared.setup.installer import Installer, InstallReport
+
+log = logs.get("setup")
+
+# Payloads that mean "apply the deployed default configuration" (a bare publish).
+_DEFAULT_PAYLOADS = (b"", b"{}", b"null")
+
+
+def objects_for(runtime: Runtime, cluster_path: str) -> ApiClientObjects:
+    """The generic-object adapter for ``cluster_path``, built once per instance and cluster."""
+    if cluster_path == runtime.settings.cluster_path:
+        return runtime.service("objects", lambda rt: ApiClientObjects(rt.kube().api_client))
+
+    def build(rt: Runtime) -> ApiClientObjects:
+        from shared.cloud.kube import connect
+
+        return ApiClientObjects(connect(rt.settings, rt.gke, cluster_path).api_client)
+
+    # A cluster being bootstrapped is not the one this deployment manages; reach it by path.
+    return runtime.service(f"objects:{cluster_path}", build)
+
+
+def _payload(cloud_event: Any, allow_empty: bool) -> bytes:
+    payload, delivery, why = events.unwrap_cloud_event(cloud_event)
+    if payload is not None:
+        return payload
+    if allow_empty and delivery is not None and why.endswith("has no data"):
+        return b""
+    raise InvalidInputError(f"unreadable delivery: {why}")
+
+
+def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
+    """Install or upgrade JobSet and Kueue on the cluster the message names."""
+    cluster, ignored = parse_setup_payload(_payload(cloud_event, allow_empty=False))
+    if cluster is None:
+        logs.decision(log, "setup.ignored", ignored, logging.INFO)
+        return None
+    with logs.bound(cluster=cluster.path):
+        installer = Installer(objects_for(runtime, cluster.path), runtime.settings)
+        report = installer.install(cluster.path)
+        logs.decision(
+            log, "setup.done", f"setup of {cluster.path}: {report.summary()}", changed=report.changed
+        )
+        return report
+
+
+def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
+    """Apply the queue configuration in the message, or the deployed default for an empty one."""
+    settings = runtime.settings
+    payload = _payload(cloud_event, allow_empty=True).strip()
+    if payload in _DEFAULT_PAYLOADS:
+        config = load_config(settings.kueue_config_path, settings.allowed_accelerators)
+        source = settings.kueue_config_path or "the packaged default"
+    else:
+        config = parse_config(payload, settings.allowed_accelerators)
+        source = "the message"
+    logs.decision(log, "kueue.config", f"applying the Kueue configuration from {source}")
+    service = KueueService(objects_for(runtime, settings.cluster_path), Bounds.from_settings(settings))
+    return service.apply(config)

@@ -1,0 +1,1 @@
+"""The seams per cloud: ports (``ports.py``), thin adapters over the Google/Kubernetes clients, retries."""

@@ -1,0 +1,284 @@
+"""``NodePoolAPI`` over the real ``google.cloud.container_v1.ClusterManagerClient``.
+
+Production uses the default gRPC transport with Application Default Credentials; tests and the
+sandbox point the adapter at ``http://127.0.0.1:PORT`` (the GKE emulator), which switches to the REST
+transport with anonymous credentials. The Google client is imported and built on first use only:
+importing it costs far more than a cold start should pay for a message that never reaches GKE.
+
+Library exceptions never leave this module; they are translated into ``shared.core.errors``:
+404 -> NotFoundError, 409 -> AlreadyExistsError, 429 / 5xx / timeouts / connection failures /
+"Cluster is running incompatible operation" -> TransientError, any other refusal -> RejectedError.
+The client library's own retries are switched off: Pub/Sub redelivery is the product's retry, and a
+call must fit in the few seconds an Eventarc delivery has.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from shared.core.errors import (
+    AlreadyExistsError,
+    InvalidInputError,
+    NotFoundError,
+    RejectedError,
+    TransientError,
+)
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
+
+if TYPE_CHECKING:
+    from google.cloud.container_v1 import ClusterManagerClient
+
+_log = logging.getLogger("tpuprov.gke")
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+# GKE reports links as full URLs (https://container.googleapis.com/v1/projects/...); keep the path.
+_LINK_PREFIX = re.compile(r"^https?://[^/]+/v1[a-z0-9]*/")
+_CLUSTER_PATH = re.compile(r"^projects/([^/]+)/locations/([^/]+)/clusters/[^/]+$")
+
+
+def _enum_name(value: Any) -> str:
+    # proto-plus hands back IntEnum members for known values and bare ints for unknown ones.
+    return str(getattr(value, "name", value))
+
+
+def _strip_link(link: str) -> str:
+    return _LINK_PREFIX.sub("", link)
+
+
+def spec_to_node_pool(spec: NodePoolSpec) -> Any:
+    """Build the ``container_v1.NodePool`` message the product sends for ``spec``."""
+    from google.cloud import container_v1 as gke
+
+    config = gke.NodeConfig(
+        machine_type=spec.machine_type,
+        labels=dict(spec.labels),
+        resource_labels=dict(spec.resource_labels),
+        service_account=spec.service_account,
+        oauth_scopes=list(spec.oauth_scopes),
+        disk_size_gb=spec.disk_size_gb,
+        disk_type=spec.disk_type,
+        tags=list(spec.tags),
+        spot=spec.spot,
+    )
+    if spec.reservation is not None:
+        config.reservation_affinity = gke.ReservationAffinity(
+            consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+            key=RESERVATION_KEY,
+            values=[spec.reservation.value],
+        )
+    pool = gke.NodePool(
+        name=spec.name,
+        initial_node_count=spec.node_count,
+        locations=list(spec.node_locations),
+        config=config,
+        management=gke.NodeManagement(auto_upgrade=spec.auto_upgrade, auto_repair=spec.auto_repair),
+        autoscaling=gke.NodePoolAutoscaling(enabled=False),
+    )
+    if spec.max_pods_per_node > 0:
+        pool.max_pods_constraint = gke.MaxPodsConstraint(max_pods_per_node=spec.max_pods_per_node)
+    if spec.placement is not None:
+        placement = gke.NodePool.PlacementPolicy()
+        if spec.placement.tpu_topology or not spec.placement.policy_name:
+            kind = gke.NodePool.PlacementPolicy.Type.__members__.get(spec.placement.type or "COMPACT")
+            if kind is None:
+                raise InvalidInputError(f"unknown placement policy type {spec.placement.type!r}")
+            placement.type_ = kind
+            placement.tpu_topology = spec.placement.tpu_topology
+        if spec.placement.policy_name:
+            placement.policy_name = spec.placement.policy_name
+        pool.placement_policy = placement
+    return pool
+
+
+def node_pool_to_info(pool: Any) -> NodePoolInfo:
+    """Read the fields the product cares about off a ``container_v1.NodePool``."""
+    return NodePoolInfo(
+        name=pool.name,
+        status=_enum_name(pool.status),
+        machine_type=pool.config.machine_type,
+        node_count=pool.initial_node_count,
+        labels=dict(pool.config.labels),
+        node_locations=tuple(pool.locations),
+        status_message=pool.status_message,
+        tpu_topology=pool.placement_policy.tpu_topology,
+    )
+
+
+def cluster_to_info(cluster: Any) -> ClusterInfo:
+    """Read how to reach the cluster's Kubernetes API off a ``container_v1.Cluster``."""
+    return ClusterInfo(
+        name=cluster.name,
+        location=cluster.location,
+        endpoint=cluster.endpoint,
+        ca_certificate=cluster.master_auth.cluster_ca_certificate,
+        locations=tuple(cluster.locations),
+        status=_enum_name(cluster.status),
+    )
+
+
+def operation_to_info(operation: Any, fallback_parent: str = "") -> OperationInfo:
+    """Convert an Operation; its short id is expanded to ``projects/P/locations/L/operations/O``."""
+    name = operation.name
+    if not name.startswith("projects/"):
+        # GKE returns the bare id; its selfLink may use the zonal form and a project number, so build
+        # the path from the cluster's project and location instead.
+        name = f"{fallback_parent}/operations/{name}"
+    error = operation.error.message
+    if not error and operation.error.code:
+        error = operation.status_message or f"operation failed with code {operation.error.code}"
+    return OperationInfo(
+        name=name,
+        status=_enum_name(operation.status),
+        operation_type=_enum_name(operation.operation_type),
+        target=_strip_link(operation.target_link),
+        error=error,
+    )
+
+
+def _location_parent(cluster: str) -> str:
+    match = _CLUSTER_PATH.match(cluster)
+    if match is None:
+        raise RejectedError(f"{cluster!r} is not a cluster path projects/P/locations/L/clusters/C", 400)
+    return f"projects/{match.group(1)}/locations/{match.group(2)}"
+
+
+def _raise_translated(exc: Exception, what: str) -> NoReturn:
+    """Re-raise a client-library failure as the product's error taxonomy."""
+    from google.api_core import exceptions as core
+
+    if isinstance(exc, core.GoogleAPICallError):
+        code = int(exc.code or 0)
+        why = f"GKE {what}: {exc.message}"
+        if isinstance(exc, core.NotFound) or code == 404:
+            raise NotFoundError(why) from exc
+        if isinstance(exc, core.Aborted):  # 409 in api_core, but a concurrency abort is retryable
+            raise TransientError(why) from exc
+        if code == 409:
+            raise AlreadyExistsError(why) from exc
+        if code == 429 or code >= 500 or isinstance(exc, core.Cancelled):
+            raise TransientError(why) from exc
+        if code == 400 and "incompatible operation" in str(exc.message).lower():
+            raise TransientError(why) from exc
+        raise RejectedError(why, code or 400) from exc
+    if isinstance(exc, core.GoogleAPIError):  # RetryError and friends: nothing was refused
+        raise TransientError(f"GKE {what}: {exc}") from exc
+    from google.auth import exceptions as auth_errors
+
+    if isinstance(exc, auth_errors.DefaultCredentialsError):  # a deployment without credentials
+        raise RejectedError(f"GKE {what}: no usable credentials: {exc}", 401) from exc
+    if _is_transport_failure(exc):
+        raise TransientError(f"GKE {what}: {type(exc).__name__}: {exc}") from exc
+    raise exc
+
+
+def _is_transport_failure(exc: Exception) -> bool:
+    from google.auth import exceptions as auth_errors
+
+    # A failed token refresh is usually the metadata server or STS being briefly unreachable.
+    if isinstance(
+        exc, auth_errors.TransportError | auth_errors.RefreshError | ConnectionError | TimeoutError
+    ):
+        return True
+    requests = sys.modules.get("requests")
+    if requests is not None and isinstance(exc, requests.exceptions.RequestException):
+        return True
+    grpc = sys.modules.get("grpc")  # only loaded when the gRPC transport is in use
+    return grpc is not None and isinstance(exc, grpc.RpcError)
+
+
+class GkeNodePoolAPI:
+    """The production ``NodePoolAPI``: thin calls, error translation, nothing else."""
+
+    def __init__(self, endpoint: str = "", timeout: float = 8.0) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.timeout = timeout
+        self._client: ClusterManagerClient | None = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> ClusterManagerClient:
+        """The underlying client, built (and the library imported) on first use."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._build_client()
+            return self._client
+
+    def _build_client(self) -> ClusterManagerClient:
+        from google.cloud import container_v1 as gke
+
+        if not self.endpoint:
+            return gke.ClusterManagerClient()
+        from google.auth.credentials import AnonymousCredentials
+
+        # The REST transport keeps an explicit "http://" in api_endpoint (it only adds https:// when no
+        # scheme is given), which is what a plain-HTTP local emulator needs.
+        return gke.ClusterManagerClient(
+            transport="rest",
+            client_options={"api_endpoint": self.endpoint},
+            credentials=AnonymousCredentials(),
+        )
+
+    def _call(self, what: str, method: str, **request: Any) -> Any:
+        try:
+            return getattr(self.client, method)(retry=None, timeout=self.timeout, **request)
+        except Exception as exc:
+            _raise_translated(exc, what)
+
+    def get_cluster(self, cluster: str) -> ClusterInfo:
+        """Fetch the cluster. Raises NotFoundError."""
+        return cluster_to_info(self._call(f"get cluster {cluster}", "get_cluster", name=cluster))
+
+    def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
+        """All node pools of the cluster."""
+        response = self._call(f"list node pools of {cluster}", "list_node_pools", parent=cluster)
+        return [node_pool_to_info(pool) for pool in response.node_pools]
+
+    def get_node_pool(self, cluster: str, name: str) -> NodePoolInfo:
+        """One node pool. Raises NotFoundError."""
+        path = f"{cluster}/nodePools/{name}"
+        return node_pool_to_info(self._call(f"get node pool {path}", "get_node_pool", name=path))
+
+    def create_node_pool(self, cluster: str, spec: NodePoolSpec, why: str) -> str:
+        """Start creating a pool and return its operation path; never waits for it."""
+        parent = _location_parent(cluster)
+        _log.info(
+            "creating node pool %s in %s: %s",
+            spec.name,
+            cluster,
+            why,
+            extra={
+                "fields": {"event": "gke.create_node_pool", "pool": spec.name, "cluster": cluster, "why": why}
+            },
+        )
+        operation = self._call(
+            f"create node pool {spec.name} in {cluster}",
+            "create_node_pool",
+            parent=cluster,
+            node_pool=spec_to_node_pool(spec),
+        )
+        return operation_to_info(operation, parent).name
+
+    def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
+        """Start deleting a pool and return its operation path; never waits for it."""
+        parent = _location_parent(cluster)
+        path = f"{cluster}/nodePools/{name}"
+        _log.info(
+            "deleting node pool %s in %s: %s",
+            name,
+            cluster,
+            why,
+            extra={"fields": {"event": "gke.delete_node_pool", "pool": name, "cluster": cluster, "why": why}},
+        )
+        operation = self._call(f"delete node pool {path}", "delete_node_pool", name=path)
+        return operation_to_info(operation, parent).name
+
+    def get_operation(self, operation: str) -> OperationInfo:
+        """Fetch an operation by its resource path."""
+        parent = operation.rsplit("/operations/", 1)[0]
+        return operation_to_info(
+            self._call(f"get operation {operation}", "get_operation", name=operation), parent
+        )

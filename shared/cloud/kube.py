@@ -1,0 +1,260 @@
+"""The Kubernetes seam: a small protocol of the reads/writes the product makes, and its adapter.
+
+``KubeClient`` talks to the API through the official ``kubernetes`` client's ``ApiClient`` but asks
+for raw JSON (``_preload_content=False``): the product needs a handful of fields, and skipping the
+client's model deserialization keeps per-event overhead in the low milliseconds. Library errors are
+translated into ``shared.core.errors`` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from shared.core import labels, logs
+from shared.core.errors import (
+    AlreadyExistsError,
+    InvalidInputError,
+    NotFoundError,
+    RejectedError,
+    TransientError,
+)
+from shared.core.settings import Settings
+
+log = logs.get("kube")
+
+JOBSET_PATH = f"/apis/{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
+
+
+class KubeAPI(Protocol):
+    """The Kubernetes calls the provision/release/reconcile services make. Objects are JSON dicts."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod. Raises NotFoundError."""
+        ...
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by a label selector."""
+        ...
+
+    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """One JobSet. Raises NotFoundError."""
+        ...
+
+    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """JobSets, optionally in one namespace."""
+        ...
+
+    def record_event(
+        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record a core/v1 Event about ``involved`` (an object dict with apiVersion/kind/metadata)."""
+        ...
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_object(
+    involved: dict[str, Any],
+    reason: str,
+    message: str,
+    *,
+    warning: bool = False,
+    component: str = labels.EVENT_COMPONENT,
+    name: str = "",
+) -> dict[str, Any]:
+    """A core/v1 Event about ``involved`` as an event recorder writes it (``generateName`` unless named)."""
+    meta = involved.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    now = _now()
+    event_meta = {"name": name} if name else {"generateName": f"{meta.get('name', 'object')}."}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {**event_meta, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion", ""),
+            "kind": involved.get("kind", ""),
+            "name": meta.get("name", ""),
+            "namespace": namespace,
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class KubeClient:
+    """``KubeAPI`` over ``kubernetes.client.ApiClient`` (raw JSON, errors wrapped)."""
+
+    def __init__(self, api_client: Any, timeout: float = 5.0) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, query: dict[str, str] | None = None, body: Any = None) -> Any:
+        return request_json(self.api_client, method, path, query, body, timeout=self.timeout)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod. Raises NotFoundError."""
+        return dict(self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"))
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by a label selector."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+        return list(self._call("GET", path, {"labelSelector": label_selector}).get("items") or [])
+
+    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """One JobSet. Raises NotFoundError."""
+        path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}/{quote(name)}"
+        return dict(self._call("GET", path))
+
+    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """JobSets, optionally in one namespace."""
+        if namespace:
+            path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}"
+        else:
+            path = f"{JOBSET_PATH}/{labels.JOBSET_PLURAL}"
+        return list(self._call("GET", path).get("items") or [])
+
+    def record_event(
+        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record a core/v1 Event; best effort, because the decision it reports was already made."""
+        event = event_object(involved, reason, message, warning=warning)
+        namespace = event["metadata"]["namespace"]
+        try:
+            self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=event)
+        except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
+            logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
+
+
+def request_json(
+    api_client: Any,
+    method: str,
+    path: str,
+    query: Mapping[str, str] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float = 5.0,
+) -> Any:
+    """One raw request through a ``kubernetes`` ApiClient; JSON in, JSON out, errors translated.
+
+    Uses the client's own serialization, auth hooks and connection pool, but skips its model
+    deserialization. This is the only place the product touches the client's request layer.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    what = f"{method} {path}"
+    headers = {"Accept": "application/json", "Content-Type": content_type}
+    query_params = [(k, v) for k, v in (query or {}).items() if v]
+    try:
+        request = api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query_params,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = api_client.call_api(*request, _request_timeout=timeout)
+        response.read()
+        status, raw = int(response.status), response.data
+    except ApiException as exc:
+        raise translate_status(
+            int(exc.status or 0), _detail(exc.body) or str(exc.reason or ""), what
+        ) from None
+    except Exception as exc:  # urllib3 connection/protocol errors and timeouts
+        raise TransientError(f"Kubernetes API unreachable for {what}: {exc}") from None
+    if not 200 <= status <= 299:
+        raise translate_status(status, _detail(raw), what)
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        raise TransientError(f"Kubernetes API returned non-JSON for {what}") from None
+
+
+def _detail(raw: Any) -> str:
+    try:
+        return str(json.loads(raw or "{}").get("message", ""))
+    except (ValueError, AttributeError, TypeError):
+        return ""
+
+
+def translate_status(status: int, detail: str, what: str) -> Exception:
+    """Map a Kubernetes API HTTP status onto the product's error taxonomy."""
+    why = f"{what}: HTTP {status} {detail}".strip()
+    if status == 404:
+        return NotFoundError(why)
+    if status == 409:
+        return AlreadyExistsError(why)
+    if status in (0, 408, 429) or status >= 500:
+        return TransientError(why)
+    if status == 401 or status == 403:
+        # Credentials or RBAC: a deployment problem, but one an operator fixes without losing events.
+        return TransientError(why)
+    return RejectedError(why, status)
+
+
+def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str | None = None) -> Any:
+    """Build a configured ``kubernetes.client.ApiClient`` for the managed (or the named) cluster.
+
+    Local runs name an endpoint (no auth) or a kubeconfig; production looks the cluster up in GKE
+    and authenticates with the function's Google identity, refreshing the token as it expires.
+    """
+    from kubernetes import client as k8s
+
+    cfg = k8s.Configuration()
+    cfg.retries = 1
+    if settings.kube_api_endpoint:
+        cfg.host = settings.kube_api_endpoint.rstrip("/")
+        return k8s.ApiClient(cfg)
+    if settings.kubeconfig:
+        from kubernetes import config as k8s_config
+
+        k8s_config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
+        return k8s.ApiClient(cfg)
+
+    path = cluster_path or settings.cluster_path
+    if not (settings.project_id and settings.location and settings.cluster_name) and not cluster_path:
+        raise InvalidInputError("PROJECT_ID, LOCATION and CLUSTER_NAME must be set to reach the cluster")
+    cluster = gke().get_cluster(path)
+    cfg.host = f"https://{cluster.endpoint}"
+    with tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False) as ca:
+        ca.write(base64.b64decode(cluster.ca_certificate))
+    cfg.ssl_ca_cert = ca.name
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+
+    import google.auth
+    import google.auth.transport.requests
+
+    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+
+    def refresh(conf: Any) -> None:
+        if not credentials.valid:
+            credentials.refresh(google.auth.transport.requests.Request())
+        conf.api_key = {"authorization": credentials.token}
+
+    # The client calls this hook before each request; the attribute is untyped in the library.
+    setattr(cfg, "refresh_api_key_hook", refresh)  # noqa: B010
+    refresh(cfg)
+    return k8s.ApiClient(cfg)
+
+
+def connect(settings: Settings, gke: Callable[[], Any], cluster_path: str | None = None) -> KubeClient:
+    """A ``KubeClient`` for the managed cluster (or ``cluster_path``)."""
+    return KubeClient(api_client_for(settings, gke, cluster_path))

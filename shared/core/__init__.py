@@ -1,0 +1,1 @@
+"""The lowest layer: error taxonomy, settings, structured logs, label keys and deterministic names."""

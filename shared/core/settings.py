@@ -1,0 +1,121 @@
+"""Runtime settings, parsed once from the environment into a frozen dataclass.
+
+Only entrypoints (``functions/*/main.py``, the CLI, the sandbox) call ``Settings.from_env``; every
+service below receives the ``Settings`` object, so nothing else reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shared.core.errors import InvalidInputError
+
+DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+
+
+def _bool(raw: str, name: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise InvalidInputError(f"setting {name}={raw!r} is not a boolean (use true/false)")
+
+
+def _int(raw: str, name: str, minimum: int = 0) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise InvalidInputError(f"setting {name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise InvalidInputError(f"setting {name}={value} must be >= {minimum}")
+    return value
+
+
+def _list(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the functions can be configured with; see README "Settings" for the env names."""
+
+    # Which cluster this deployment manages. Events from other clusters are acknowledged and dropped.
+    project_id: str = ""
+    location: str = ""
+    cluster_name: str = ""
+
+    # Where the APIs live. Empty means production (gRPC to GKE, endpoint from get_cluster).
+    gke_api_endpoint: str = ""  # e.g. http://127.0.0.1:8089 (REST, anonymous credentials)
+    kube_api_endpoint: str = ""  # e.g. http://127.0.0.1:8090 (no auth)
+    kubeconfig: str = ""  # explicit kubeconfig path, used when no endpoint is given
+
+    # Event handling.
+    max_event_age_seconds: int = 900
+
+    # Node pool shape defaults.
+    node_locations: tuple[str, ...] = ()  # zone(s) for TPU pools; default: the cluster's zone
+    node_service_account: str = ""
+    oauth_scopes: tuple[str, ...] = DEFAULT_SCOPES
+    max_pods_per_node: int = 0  # 0 = GKE default
+    disk_size_gb: int = 100
+    disk_type: str = "pd-balanced"
+    network_tags: tuple[str, ...] = ()
+    tpu7x_workload_policy: str = ""  # named workload policy for multi-host tpu7x slices
+
+    # Guardrails.
+    namespace_allowlist: tuple[str, ...] = ()  # empty = every namespace
+    allowed_accelerators: tuple[str, ...] = ()  # empty = every accelerator in the catalog
+    max_chips_per_slice: int = 4096
+    chip_budget: int = 0  # total chips over all managed pools; 0 = unlimited
+    drain: bool = False  # true: never create, only clean up
+
+    # Release / reconcile.
+    release_grace_seconds: int = 0  # wait this long after Completed before releasing
+    suspend_grace_seconds: int = 600  # release pools of a suspended JobSet after this long
+
+    # Setup / Kueue.
+    manifests_dir: str = "/app/manifests"
+    kueue_config_path: str = ""
+    jobset_version: str = "v0.10.1"
+    kueue_version: str = "v0.19.2"
+    # Bounds of one setup run; the total must stay inside Cloud Run's request timeout.
+    setup_timeout_seconds: int = 280
+    setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
+    setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse settings from ``env`` (default: ``os.environ``); bad values raise InvalidInputError."""
+        source: Mapping[str, str] = os.environ if env is None else env
+        kwargs: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            name = field.name.upper()
+            if name not in source:
+                continue
+            raw = source[name]
+            default = field.default
+            if isinstance(default, bool):
+                kwargs[field.name] = _bool(raw, name)
+            elif isinstance(default, int):
+                kwargs[field.name] = _int(raw, name)
+            elif isinstance(default, tuple):
+                kwargs[field.name] = _list(raw) or (default if field.name == "oauth_scopes" else ())
+            else:
+                kwargs[field.name] = raw.strip()
+        # Cloud Run sets GOOGLE_CLOUD_PROJECT; accept it when PROJECT_ID is absent.
+        if "project_id" not in kwargs and source.get("GOOGLE_CLOUD_PROJECT"):
+            kwargs["project_id"] = source["GOOGLE_CLOUD_PROJECT"].strip()
+        return cls(**kwargs)
+
+    @property
+    def cluster_path(self) -> str:
+        """The GKE resource name of the managed cluster."""
+        return f"projects/{self.project_id}/locations/{self.location}/clusters/{self.cluster_name}"
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with some fields replaced (tests and the sandbox use this)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,1 @@
+"""Decoding what arrives: CloudEvent/Pub/Sub envelopes, Cloud Logging entries and fields, setup triggers."""

@@ -1,0 +1,398 @@
+"""The provision service: from "this pod is unschedulable" to exactly one TPU node pool per slice.
+
+Reads at most two things per event (the pod, the cluster's node pools), never waits for GKE's
+operation, and relies on the deterministic pool name so that duplicates and concurrent instances
+converge: a 409 on create is success.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from shared.cloud.kube import KubeAPI
+from shared.core import labels, logs
+from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError
+from shared.core.names import label_key_problem, label_value_problem
+from shared.core.settings import Settings
+from shared.provisioning.releaser import condition
+from shared.tpu import catalog
+from shared.tpu.nodepools import (
+    STATUS_ERROR,
+    STATUS_PROVISIONING,
+    STATUS_STOPPING,
+    NodePoolAPI,
+    NodePoolInfo,
+    NodePoolSpec,
+)
+from shared.tpu.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
+
+log = logs.get("provision")
+
+# Outcome names double as the stable `event` field of the decision log line (prefixed "provision.").
+CREATED = "created"
+EXISTS = "exists"
+SKIPPED = "skipped"
+REFUSED = "refused"
+FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the service decided for one pod, for logs, tests and the reconcile summary."""
+
+    result: str
+    why: str
+    pool: str = ""
+    slice: str = ""
+    requested: tuple[str, ...] = ()  # every pool this call created (its own and its siblings')
+
+
+# GCE resource labels: lowercase letters, digits, "_" and "-"; keys start with a letter.
+_RESOURCE_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}\Z")
+_RESOURCE_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}\Z")
+
+
+def label_problem(spec: NodePoolSpec) -> str:
+    """Why the pool's labels must not be sent ("" when every key and value is valid).
+
+    Ownership values come from the pod's JobSet labels or annotations, and annotations are free
+    text: a value such as ``a,tpuprov.dev/managed-by=x`` must be refused here rather than reach
+    GKE, which hands node labels to the kubelet as one comma-separated flag.
+    """
+    for key, value in spec.labels.items():
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem:
+            return f"cannot label the node pool: {problem}"
+    for key, value in spec.resource_labels.items():
+        if not (_RESOURCE_LABEL_KEY.match(key) and _RESOURCE_LABEL_VALUE.match(value)):
+            return f"cannot label the node pool: resource label {key}={value!r} is not a valid GCE label"
+    return ""
+
+
+def managed_chips(pools: list[NodePoolInfo]) -> int:
+    """Chips held by the product's pools (those stopping are on their way out and not counted)."""
+    total = 0
+    for pool in pools:
+        if pool.labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE or pool.status == STATUS_STOPPING:
+            continue
+        chips = catalog.machine_type_chips(pool.machine_type) or 0
+        total += chips * pool.node_count
+    return total
+
+
+# How long an instance trusts that a pool it saw (or created) still exists. A burst of duplicate
+# events for a slice then costs one read (the pod) instead of two; a pool deleted meanwhile is
+# requested again by the first event after this window (or by reconcile).
+KNOWN_POOL_TTL_SECONDS = 30.0
+
+
+class KnownPools:
+    """Instance-local memory of pool names seen to exist, and one create attempt at a time per name.
+
+    Only ever answers "known to exist" for a pool that was listed alive (not ERROR/STOPPING) or
+    whose create GKE accepted (or answered 409) less than ``ttl`` seconds ago, so it can delay but
+    never suppress the create of a pool nobody has seen.
+    """
+
+    _PRUNE_AT = 4096  # entries; expired names are dropped when the map grows past this
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._expiry: dict[str, float] = {}
+        self._flights: dict[str, tuple[threading.Lock, int]] = {}
+
+    def remember(self, name: str) -> None:
+        """Note that pool ``name`` exists now."""
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            if len(self._expiry) >= self._PRUNE_AT:
+                self._expiry = {k: v for k, v in self._expiry.items() if v > now}
+            self._expiry[name] = now + self.ttl
+
+    def known(self, name: str) -> bool:
+        """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds."""
+        with self._lock:
+            return self._expiry.get(name, 0.0) > self._clock()
+
+    @contextmanager
+    def single_flight(self, name: str) -> Iterator[None]:
+        """Serialize list-and-create for one pool name within this instance.
+
+        Concurrent deliveries for the same slice (every host's pod, duplicates) would otherwise all
+        list before the first create lands and all send a create; GKE's 409 keeps that correct,
+        but each is a wasted call. Different names never wait on each other.
+        """
+        with self._lock:
+            lock, users = self._flights.get(name, (threading.Lock(), 0))
+            self._flights[name] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._lock:
+                lock, users = self._flights[name]
+                if users <= 1:
+                    del self._flights[name]
+                else:
+                    self._flights[name] = (lock, users - 1)
+
+
+class Provisioner:
+    """Turns pending TPU pods into node-pool create requests, within the guardrails."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        known_pool_ttl: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently."""
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.known_pools = KnownPools(known_pool_ttl, clock)
+
+    # -- entry points -----------------------------------------------------------------------------
+
+    def handle_pending_pod(
+        self, namespace: str, pod_name: str, event_time: datetime.datetime | None
+    ) -> Outcome:
+        """Handle a FailedScheduling-style event for ``namespace/pod_name``."""
+        if event_time is not None:
+            age = (datetime.datetime.now(tz=datetime.UTC) - event_time).total_seconds()
+            if age > self.settings.max_event_age_seconds:
+                return self._done(
+                    Outcome(SKIPPED, f"event is {age:.0f}s old (max {self.settings.max_event_age_seconds}s)")
+                )
+        try:
+            pod = self.kube.get_pod(namespace, pod_name)
+        except NotFoundError:
+            return self._done(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
+        return self.provision_pod(pod)
+
+    def provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
+        """Request the slice a pending pod needs (``pools``: a listing the caller already has)."""
+        # Every decision line about this pod carries the JobSet it claims to belong to.
+        with logs.bound(**_jobset_field(pod)):
+            return self._provision_pod(pod, pools)
+
+    def _provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None) -> Outcome:
+        meta = pod.get("metadata") or {}
+        who = f"{meta.get('namespace')}/{meta.get('name')}"
+        try:
+            request = slice_request(pod)
+        except NotEligible as exc:
+            return self._done(Outcome(SKIPPED, f"pod {who}: {exc.why}"))
+        except Refused as exc:
+            return self._refuse(pod, exc.why, "")
+        slice_desc = request.slice_id.describe()
+        try:
+            spec, shape = build_node_pool(self.settings, request)
+        except Refused as exc:
+            return self._refuse(pod, exc.why, slice_desc)
+        refusal = label_problem(spec) or self._guardrail(request, shape.total_chips)
+        if refusal:
+            return self._refuse(pod, refusal, slice_desc, spec.name)
+
+        if pools is not None:  # the caller's listing decides (reconcile); no instance memory involved
+            return self._request(pod, request, spec, shape, slice_desc, pools)
+        # One decision at a time per replicated job in this instance: the first event requests the
+        # whole group, the others then find their pool remembered instead of racing to a 409.
+        sid = request.slice_id
+        with self.known_pools.single_flight(
+            f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
+        ):
+            if self.known_pools.known(spec.name):
+                why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
+                return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+            pools = self.gke.list_node_pools(self.settings.cluster_path)
+            return self._request(pod, request, spec, shape, slice_desc, pools)
+
+    def _request(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        spec: NodePoolSpec,
+        shape: catalog.SliceShape,
+        slice_desc: str,
+        pools: list[NodePoolInfo],
+    ) -> Outcome:
+        """Create the slice's pool unless the listing has it or the chip budget forbids it."""
+        pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
+        existing = next((p for p in pools if p.name == spec.name), None)
+        if existing is not None:
+            why = f"pool {spec.name} already exists ({existing.status})"
+            if existing.status == STATUS_ERROR:
+                why += "; reconcile recycles failed pools"
+            elif existing.status != STATUS_STOPPING:
+                self.known_pools.remember(spec.name)
+            return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+        # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
+        # once per slice group, not per event.
+        try:
+            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
+        except NotFoundError:
+            return self._done(
+                Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc)
+            )
+        problem = jobset_problem(jobset, request)
+        if problem:
+            return self._refuse(pod, problem, slice_desc, spec.name)
+        outcome = self._create(pod, request, spec, shape, slice_desc, pools)
+        created = [spec.name] if outcome.result == CREATED else []
+        # Every pool of the replicated job is requested together: with exclusive placement any Job may
+        # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
+        # find one. Requesting them all at once keeps pools == slices whatever the landing order.
+        for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
+            if index == request.slice_id.job_index:
+                continue
+            sibling = dataclasses.replace(
+                request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
+            )
+            sibling_spec, _ = build_node_pool(self.settings, sibling)
+            if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
+                continue
+            if (
+                self._create(pod, sibling, sibling_spec, shape, sibling.slice_id.describe(), pools).result
+                == CREATED
+            ):
+                created.append(sibling_spec.name)
+        return dataclasses.replace(outcome, requested=tuple(created))
+
+    def _create(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        spec: NodePoolSpec,
+        shape: catalog.SliceShape,
+        slice_desc: str,
+        pools: list[NodePoolInfo],
+    ) -> Outcome:
+        """Create one slice's pool within the chip budget; the listing is updated with it."""
+        if self.settings.chip_budget:
+            in_use = managed_chips(pools)
+            if in_use + shape.total_chips > self.settings.chip_budget:
+                why = (
+                    f"chip budget exceeded: {in_use} chips in managed pools + {shape.total_chips} requested "
+                    f"> CHIP_BUDGET {self.settings.chip_budget}"
+                )
+                return self._refuse(pod, why, slice_desc, spec.name)
+
+        why = (
+            f"{slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
+            f"({request.accelerator} {shape.topology}, {shape.total_chips} chips)"
+        )
+        try:
+            self.gke.create_node_pool(self.settings.cluster_path, spec, why)
+        except AlreadyExistsError:
+            self.known_pools.remember(spec.name)
+            return self._done(
+                Outcome(EXISTS, f"pool {spec.name} already exists (409)", spec.name, slice_desc)
+            )
+        except RejectedError as exc:
+            self.kube.record_event(
+                _ref(pod), labels.REASON_FAILED, f"GKE rejected pool {spec.name}: {exc.why}", warning=True
+            )
+            return self._done(
+                Outcome(FAILED, f"GKE rejected pool {spec.name}: {exc.why}", spec.name, slice_desc),
+                logging.ERROR,
+            )
+        self.known_pools.remember(spec.name)
+        pools.append(
+            NodePoolInfo(
+                name=spec.name,
+                status=STATUS_PROVISIONING,
+                machine_type=spec.machine_type,
+                node_count=spec.node_count,
+                labels=dict(spec.labels),
+            )
+        )
+        self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
+        return self._done(Outcome(CREATED, why, spec.name, slice_desc))
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _guardrail(self, request: SliceRequest, chips: int) -> str:
+        s = self.settings
+        ns = request.slice_id.namespace
+        if s.drain:
+            return "drain mode is on: no node pools are created"
+        if s.namespace_allowlist and ns not in s.namespace_allowlist:
+            return f"namespace {ns!r} is not in NAMESPACE_ALLOWLIST"
+        if s.allowed_accelerators and request.accelerator not in s.allowed_accelerators:
+            return f"accelerator {request.accelerator!r} is not in ALLOWED_ACCELERATORS"
+        if chips > s.max_chips_per_slice:
+            return f"slice of {chips} chips exceeds MAX_CHIPS_PER_SLICE {s.max_chips_per_slice}"
+        return ""
+
+    def _refuse(self, pod: dict[str, Any], why: str, slice_desc: str, pool: str = "") -> Outcome:
+        self.kube.record_event(_ref(pod), labels.REASON_REFUSED, why, warning=True)
+        return self._done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
+
+    def _done(self, outcome: Outcome, level: int = logging.INFO) -> Outcome:
+        logs.decision(
+            log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
+        )
+        return outcome
+
+
+def _replicated_job(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
+    rjobs = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return next((dict(r) for r in rjobs if r.get("name") == name), None)
+
+
+def replicas_of(jobset: dict[str, Any], replicated_job: str) -> int:
+    """How many Jobs (slices) the JobSet's replicated job has; 1 when the spec does not say."""
+    try:
+        return max(1, int((_replicated_job(jobset, replicated_job) or {}).get("replicas", 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def jobset_problem(jobset: dict[str, Any], request: SliceRequest) -> str:
+    """Why the pod's claimed JobSet must not get this slice now, or ""."""
+    meta = jobset.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    if request.slice_id.jobset_uid and uid and uid != request.slice_id.jobset_uid:
+        return (
+            f"pod claims JobSet uid {request.slice_id.jobset_uid} but JobSet {meta.get('name')} has uid {uid}"
+        )
+    if meta.get("deletionTimestamp"):
+        return f"JobSet {meta.get('name')} is being deleted"
+    for terminal in ("Completed", "Failed"):
+        if condition(jobset, terminal):
+            return f"JobSet {meta.get('name')} is already {terminal}"
+    if (jobset.get("spec") or {}).get("suspend"):
+        return f"JobSet {meta.get('name')} is suspended"
+    if _replicated_job(jobset, request.slice_id.replicated_job) is None:
+        return f"JobSet {meta.get('name')} has no replicated job {request.slice_id.replicated_job!r}"
+    return ""
+
+
+def _jobset_field(pod: dict[str, Any]) -> dict[str, str]:
+    """``{"jobset": "namespace/name"}`` for a pod naming a JobSet (label or annotation), else {}."""
+    meta = pod.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(labels.JOBSET_NAME) or (meta.get("annotations") or {}).get(
+        labels.JOBSET_NAME
+    )
+    if not name:
+        return {}
+    return {"jobset": f"{meta.get('namespace') or 'default'}/{str(name)[:253]}"}  # annotations are unbounded
+
+
+def _ref(pod: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata") or {}}

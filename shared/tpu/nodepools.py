@@ -1,0 +1,138 @@
+"""Node-pool domain types and the raw GKE API seam.
+
+``NodePoolAPI`` is the small protocol the domain services talk to; ``shared.cloud.gke.GkeNodePoolAPI``
+implements it over ``google.cloud.container_v1.ClusterManagerClient`` and tests use either that
+adapter against the sandbox GKE emulator or a stateful fake. The dataclasses here are plain
+Python so that building and comparing specs never imports the (slow to import) Google client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Protocol
+
+# Node pool statuses as GKE reports them (google.container.v1.NodePool.Status).
+STATUS_PROVISIONING = "PROVISIONING"
+STATUS_RUNNING = "RUNNING"
+STATUS_RUNNING_WITH_ERROR = "RUNNING_WITH_ERROR"
+STATUS_RECONCILING = "RECONCILING"
+STATUS_STOPPING = "STOPPING"
+STATUS_ERROR = "ERROR"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Placement policy of a multi-host slice: COMPACT with a TPU topology, or a named policy."""
+
+    type: str = "COMPACT"
+    tpu_topology: str = ""
+    policy_name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Reservation:
+    """A specific Compute Engine reservation to consume (shared when ``project`` is set)."""
+
+    name: str
+    project: str = ""
+
+    @property
+    def value(self) -> str:
+        """The reservation affinity value GKE expects: a bare name or a shared-reservation path."""
+        if self.project:
+            return f"projects/{self.project}/reservations/{self.name}"
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolSpec:
+    """Everything the product sets on a TPU node pool it creates."""
+
+    name: str
+    machine_type: str
+    node_count: int
+    node_locations: tuple[str, ...]
+    labels: Mapping[str, str]
+    resource_labels: Mapping[str, str]
+    placement: Placement | None = None
+    spot: bool = False
+    reservation: Reservation | None = None
+    service_account: str = ""
+    oauth_scopes: tuple[str, ...] = ()
+    max_pods_per_node: int = 0
+    disk_size_gb: int = 100
+    disk_type: str = "pd-balanced"
+    tags: tuple[str, ...] = ()
+    auto_upgrade: bool = False
+    auto_repair: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePoolInfo:
+    """What listing or getting a node pool tells us."""
+
+    name: str
+    status: str
+    machine_type: str = ""
+    node_count: int = 0
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    node_locations: tuple[str, ...] = ()
+    status_message: str = ""
+    tpu_topology: str = ""
+    create_time: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """The parts of a GKE cluster the product needs: how to reach its Kubernetes API."""
+
+    name: str
+    location: str
+    endpoint: str
+    ca_certificate: str  # base64 PEM, as GKE returns it
+    locations: tuple[str, ...] = ()
+    status: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class OperationInfo:
+    """A GKE long-running operation."""
+
+    name: str
+    status: str  # PENDING, RUNNING, DONE, ABORTING
+    operation_type: str = ""
+    target: str = ""
+    error: str = ""
+
+
+class NodePoolAPI(Protocol):
+    """The raw GKE calls the product makes. Adapters map library errors to ``shared.core.errors``.
+
+    ``cluster`` is always the full resource path ``projects/P/locations/L/clusters/C``. Mutating calls
+    return the operation's resource path and never wait for it: a function has seconds, GKE minutes.
+    """
+
+    def get_cluster(self, cluster: str) -> ClusterInfo:
+        """Fetch the cluster. Raises NotFoundError."""
+        ...
+
+    def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
+        """All node pools of the cluster."""
+        ...
+
+    def get_node_pool(self, cluster: str, name: str) -> NodePoolInfo:
+        """One node pool. Raises NotFoundError."""
+        ...
+
+    def create_node_pool(self, cluster: str, spec: NodePoolSpec, why: str) -> str:
+        """Start creating a pool. Raises AlreadyExistsError, RejectedError or TransientError."""
+        ...
+
+    def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
+        """Start deleting a pool. Raises NotFoundError, RejectedError or TransientError."""
+        ...
+
+    def get_operation(self, operation: str) -> OperationInfo:
+        """Fetch an operation by its resource path."""
+        ...

@@ -1,0 +1,235 @@
+"""Pure derivation: from a pending pod to the slice it needs, and from a slice to its NodePool.
+
+Nothing here does I/O, so every rule (which pods qualify, machine type and node count, placement,
+spot, reservations, copied labels, ownership labels) is covered by whole-object table tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shared.core import labels
+from shared.core.names import SliceId, label_key_problem, label_value_problem, pool_name
+from shared.core.settings import Settings
+from shared.tpu import catalog
+from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
+
+
+class NotEligible(Exception):
+    """The pod is not one the product acts on; ``why`` says which rule excluded it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class Refused(Exception):
+    """The pod asks for something the product will not create; ``why`` goes into an Event."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceRequest:
+    """What one pending TPU pod tells us about the slice its Job needs."""
+
+    slice_id: SliceId
+    accelerator: str
+    topology: str
+    chips_per_vm: int
+    spot: bool = False
+    reservation: Reservation | None = None
+    extra_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def pool_name(self) -> str:
+        """The deterministic pool name of this slice."""
+        return pool_name(self.slice_id)
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _tpu_chips(spec: Mapping[str, Any]) -> int:
+    # One pod per VM: the pod's TPU request is the VM's chip count. Limits count when requests are
+    # omitted (Kubernetes defaults requests to limits for extended resources).
+    total = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        amount = (resources.get("requests") or {}).get(labels.TPU_RESOURCE)
+        if amount is None:
+            amount = (resources.get("limits") or {}).get(labels.TPU_RESOURCE)
+        if amount is None:
+            continue
+        try:
+            total += int(str(amount))
+        except ValueError:
+            raise Refused(f"container {container.get('name')!r} requests google.com/tpu={amount!r}") from None
+    return total
+
+
+def _selected(spec: Mapping[str, Any]) -> dict[str, str]:
+    """nodeSelector plus single-valued required node-affinity terms (how Kueue and users pin TPUs)."""
+    chosen = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = affinity.get("nodeSelectorTerms") or []
+    if len(terms) == 1:  # with several ORed terms no single value is implied
+        for expr in terms[0].get("matchExpressions") or []:
+            values = expr.get("values") or []
+            if expr.get("operator") == "In" and len(values) == 1:
+                chosen.setdefault(str(expr.get("key")), str(values[0]))
+    return chosen
+
+
+def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
+    """Decide whether a pod is a pending TPU JobSet pod and, if so, which slice it needs.
+
+    Raises ``NotEligible`` (skip quietly, with a reason) or ``Refused`` (the pod asks for
+    something invalid; the reason is reported on the pod).
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    pod_labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+
+    if meta.get("deletionTimestamp"):
+        raise NotEligible("pod is being deleted")
+    if status.get("phase", "Pending") != "Pending" or spec.get("nodeName"):
+        raise NotEligible(f"pod is {status.get('phase', 'Pending')} on node {spec.get('nodeName') or '-'}")
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    if scheduled is None or scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
+        raise NotEligible("pod is not marked Unschedulable by the scheduler")
+    if spec.get("schedulingGates"):
+        raise NotEligible("pod still has scheduling gates")
+    if _truthy(pod_labels.get(labels.OPT_OUT)) or _truthy(annotations.get(labels.OPT_OUT)):
+        raise NotEligible(f"pod opted out with {labels.OPT_OUT}=true")
+
+    jobset = pod_labels.get(labels.JOBSET_NAME) or annotations.get(labels.JOBSET_NAME)
+    rjob = pod_labels.get(labels.REPLICATED_JOB_NAME) or annotations.get(labels.REPLICATED_JOB_NAME)
+    index = pod_labels.get(labels.JOB_INDEX) or annotations.get(labels.JOB_INDEX)
+    if not (jobset and rjob and index is not None):
+        raise NotEligible("pod does not belong to a JobSet")
+    try:
+        job_index = int(index)
+    except ValueError:
+        raise NotEligible(f"pod has a non-numeric {labels.JOB_INDEX}={index!r}") from None
+    jobset_uid = pod_labels.get(labels.JOBSET_UID) or annotations.get(labels.JOBSET_UID) or ""
+
+    chips = _tpu_chips(spec)
+    if chips <= 0:
+        raise NotEligible("pod requests no google.com/tpu")
+    selected = _selected(spec)
+    if selected.get(labels.NODEPOOL):
+        # Exclusive-placement followers are pinned to the pool their leader landed on; that pool
+        # exists or is being made, and a pod must never cause a second one.
+        raise NotEligible(f"pod is pinned to node pool {selected[labels.NODEPOOL]!r} (follower)")
+    accelerator = selected.get(labels.TPU_ACCELERATOR, "")
+    topology = selected.get(labels.TPU_TOPOLOGY, "")
+    if not accelerator or not topology:
+        raise Refused(
+            f"pod requests google.com/tpu but does not select both {labels.TPU_ACCELERATOR} "
+            f"and {labels.TPU_TOPOLOGY}"
+        )
+
+    reservation = None
+    if selected.get(labels.RESERVATION_NAME):
+        reservation = Reservation(
+            selected[labels.RESERVATION_NAME], selected.get(labels.RESERVATION_PROJECT, "")
+        )
+    extra: dict[str, str] = {}
+    for key, value in sorted(selected.items()):
+        if key.startswith(labels.RESERVED_LABEL_PREFIXES) or "kubernetes.io/" in key:
+            continue
+        if key.startswith(f"{labels.PRODUCT_DOMAIN}/"):
+            raise Refused(
+                f"pod selects {key!r}: keys under {labels.PRODUCT_DOMAIN}/ are reserved for ownership"
+            )
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem:
+            raise Refused(f"cannot copy nodeSelector to node labels: {problem}")
+        extra[key] = value
+    return SliceRequest(
+        slice_id=SliceId(
+            namespace=str(meta.get("namespace") or "default"),
+            jobset=str(jobset),
+            jobset_uid=str(jobset_uid),
+            replicated_job=str(rjob),
+            job_index=job_index,
+        ),
+        accelerator=accelerator,
+        topology=topology,
+        chips_per_vm=chips,
+        spot=_truthy(selected.get(labels.SPOT, "")),
+        reservation=reservation,
+        extra_labels=extra,
+    )
+
+
+def ownership_labels(slice_id: SliceId) -> dict[str, str]:
+    """Node labels linking a pool to the JobSet slice that owns it (what release selects on)."""
+    return {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.OWNER_NAMESPACE: slice_id.namespace,
+        labels.OWNER_NAME: slice_id.jobset,
+        labels.OWNER_UID: slice_id.jobset_uid,
+        labels.OWNER_REPLICATED_JOB: slice_id.replicated_job,
+        labels.OWNER_JOB_INDEX: str(slice_id.job_index),
+    }
+
+
+def _zones(settings: Settings) -> tuple[str, ...]:
+    if settings.node_locations:
+        return settings.node_locations
+    # A zonal cluster's location is a zone (region-letter suffix); a regional one needs the setting.
+    if settings.location.count("-") >= 2:
+        return (settings.location,)
+    raise Refused(f"cluster location {settings.location!r} is a region: set NODE_LOCATIONS to the TPU zone")
+
+
+def build_node_pool(settings: Settings, request: SliceRequest) -> tuple[NodePoolSpec, catalog.SliceShape]:
+    """The NodePool for a slice. Raises ``Refused`` for shapes GKE would reject."""
+    try:
+        shape = catalog.resolve(request.accelerator, request.topology, request.chips_per_vm)
+    except catalog.UnsupportedShape as exc:
+        raise Refused(str(exc)) from None
+
+    placement: Placement | None = None
+    if shape.placement == "compact":
+        placement = Placement(type="COMPACT", tpu_topology=shape.topology)
+    elif shape.placement == "workload-policy":
+        if not settings.tpu7x_workload_policy:
+            raise Refused("multi-host tpu7x slices need TPU7X_WORKLOAD_POLICY (a workload policy name)")
+        name = settings.tpu7x_workload_policy.replace("{topology}", shape.topology.replace("x", "-"))
+        placement = Placement(type="", policy_name=name)
+
+    node_labels = {**request.extra_labels, **ownership_labels(request.slice_id)}
+    resource_labels = {
+        labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.RESOURCE_LABEL_JOBSET: request.slice_id.jobset[:63].replace(".", "-"),
+    }
+    spec = NodePoolSpec(
+        name=request.pool_name,
+        machine_type=shape.machine_type,
+        node_count=shape.num_vms,
+        node_locations=_zones(settings),
+        labels=node_labels,
+        resource_labels=resource_labels,
+        placement=placement,
+        spot=request.spot,
+        reservation=request.reservation,
+        service_account=settings.node_service_account,
+        oauth_scopes=settings.oauth_scopes,
+        max_pods_per_node=settings.max_pods_per_node,
+        disk_size_gb=settings.disk_size_gb,
+        disk_type=settings.disk_type,
+        tags=settings.network_tags,
+    )
+    return spec, shape

@@ -1,0 +1,237 @@
+"""``apply_kueue`` function: binary-mode CloudEvents through functions-framework onto the sandbox API."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import functions_framework
+import pytest
+import yaml
+
+from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.testing.fixtures import kube as fixtures_kube
+from shared.app import entry
+from shared.core import logs
+from shared.core.settings import Settings
+from shared.kueue.config import DEFAULT_CONFIG
+from tests.paths import REPO
+
+SOURCE = REPO / "functions" / "apply_kueue" / "main.py"
+KUEUE = "kueue.x-k8s.io/v1beta2"
+MANAGED = "tpuprov.dev/managed-by=tpu-provisioner"
+WEBHOOK_DOWN = (
+    'Internal error occurred: failed calling webhook "vclusterqueue.kb.io": failed to call webhook: '
+    'Post "https://kueue-webhook-service.kueue-system.svc:443/validate-kueue-x-k8s-io-v1beta2-clusterqueue": '
+    'no endpoints available for service "kueue-webhook-service"'
+)
+SEED = DEFAULT_CONFIG.read_bytes()
+MULTI = (REPO / "examples" / "kueue" / "multi-flavor.yaml").read_bytes()
+
+
+def _post(client: Any, payload: bytes | None, message_id: str) -> Any:
+    """POST a Pub/Sub messagePublished CloudEvent in Eventarc's binary content mode."""
+    message: dict[str, Any] = {
+        "messageId": message_id,
+        "publishTime": "2026-01-05T10:00:00Z",
+        "attributes": {},
+    }
+    if payload is not None:
+        message["data"] = base64.b64encode(payload).decode()
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-type": "google.cloud.pubsub.topic.v1.messagePublished",
+        "ce-source": "//pubsub.googleapis.com/projects/test-proj/topics/tpuprov-kueue",
+        "ce-id": message_id,
+        "Content-Type": "application/json",
+    }
+    body = {"message": message, "subscription": "projects/test-proj/subscriptions/eventarc-kueue"}
+    return client.post("/", headers=headers, data=json.dumps(body))
+
+
+@dataclass
+class Function:
+    """The function app's test client and the JSON log lines it wrote."""
+
+    client: Any
+    log: io.StringIO
+    sent: int = 0
+
+    def post(self, payload: bytes | None) -> Any:
+        self.sent += 1
+        return _post(self.client, payload, message_id=str(2000 + self.sent))
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.log.getvalue().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == name]
+
+
+@contextlib.contextmanager
+def _function(server: KubeApiServer) -> Iterator[Function]:
+    settings = Settings(
+        project_id="test-proj",
+        location="us-central2-b",
+        cluster_name="test-cluster",
+        kube_api_endpoint=server.url,
+        setup_timeout_seconds=5,
+        setup_webhook_retry_seconds=1,
+        setup_poll_interval_ms=10,
+    )
+    entry.reset_runtime(settings)
+    log = io.StringIO()
+    logs.configure(settings.project_id, stream=log)
+    try:
+        app = functions_framework.create_app("apply_kueue", str(SOURCE), "cloudevent")
+        yield Function(app.test_client(), log)
+    finally:
+        entry.reset_runtime(None)
+        logs.configure()
+
+
+@pytest.fixture
+def cluster() -> Iterator[KubeApiServer]:
+    """A cluster API serving Kueue's CRDs, with the namespaces the examples use."""
+    server = KubeApiServer(crd_files=[fixtures_kube.require_manifest(fixtures_kube.KUEUE_MANIFEST)]).start()
+    try:
+        for namespace in ("research", "prod"):
+            server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def function(cluster: KubeApiServer) -> Iterator[Function]:
+    """The function app as Cloud Run serves it, configured for ``cluster`` with tiny bounds."""
+    with _function(cluster) as fn:
+        yield fn
+
+
+def _managed(cluster: KubeApiServer) -> list[str]:
+    names = []
+    for api_version, plural in (
+        ("scheduling.k8s.io/v1", "priorityclasses"),
+        (KUEUE, "workloadpriorityclasses"),
+        (KUEUE, "resourceflavors"),
+        (KUEUE, "clusterqueues"),
+        (KUEUE, "localqueues"),
+    ):
+        for obj in cluster.list(api_version, plural, label_selector=MANAGED):
+            meta = obj["metadata"]
+            where = f"{meta['namespace']}/" if meta.get("namespace") else ""
+            names.append(f"{obj['kind']} {where}{meta['name']}")
+    return sorted(names)
+
+
+SEED_NAMES = [
+    "ClusterQueue cluster-queue",
+    "LocalQueue default/multislice-queue",
+    "PriorityClass low-priority",
+    "ResourceFlavor vlp-24",
+]
+
+
+@pytest.mark.integration
+def test_an_empty_message_applies_the_packaged_default(function: Function, cluster: KubeApiServer) -> None:
+    response = function.post(None)
+    assert response.status_code == 200
+    assert _managed(cluster) == SEED_NAMES
+    queue = cluster.get(KUEUE, "clusterqueues", None, "cluster-queue")
+    assert queue is not None
+    assert queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"] == [
+        {"name": "google.com/tpu", "nominalQuota": 24}
+    ]
+    assert queue["spec"]["preemption"] == {
+        "reclaimWithinCohort": "Any",
+        "withinClusterQueue": "LowerPriority",
+    }
+    [applied] = function.events("kueue.applied")
+    assert sorted(applied["created"]) == SEED_NAMES
+
+
+@pytest.mark.integration
+def test_a_yaml_message_replaces_the_configuration_and_prunes(
+    function: Function, cluster: KubeApiServer
+) -> None:
+    assert function.post(MULTI).status_code == 200
+    assert "ClusterQueue research" in _managed(cluster)
+    hand_made = {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "hand-made"}, "spec": {}}
+    cluster.put(hand_made)
+
+    assert function.post(SEED).status_code == 200
+    assert _managed(cluster) == SEED_NAMES
+    assert cluster.get(KUEUE, "resourceflavors", None, "hand-made") is not None  # not ours: untouched
+    pruned = function.events("kueue.applied")[-1]["pruned"]
+    assert len(pruned) == 8 and "LocalQueue research/research-queue" in pruned
+
+
+@pytest.mark.integration
+def test_a_json_message_is_applied_and_a_repeat_changes_nothing(
+    function: Function, cluster: KubeApiServer
+) -> None:
+    payload = json.dumps(yaml.safe_load(SEED)).encode()
+    assert function.post(payload).status_code == 200
+    version = cluster.resource_version
+    assert function.post(payload).status_code == 200
+    assert cluster.resource_version == version
+    repeat = function.events("kueue.applied")[-1]
+    assert repeat["created"] == [] and repeat["configured"] == [] and repeat["pruned"] == []
+
+
+@pytest.mark.integration
+def test_an_invalid_configuration_is_acknowledged_and_nothing_is_applied(
+    function: Function, cluster: KubeApiServer
+) -> None:
+    assert function.post(SEED).status_code == 200
+    cluster.clear_requests()
+    bad = SEED.replace(b"topology: 2x4", b"topology: 3x3").replace(b"vlp-24: 24", b"vlp-24: -24")
+    response = function.post(bad)
+    assert response.status_code == 200
+    assert cluster.count("PATCH") == 0 and cluster.count("DELETE") == 0
+    assert _managed(cluster) == SEED_NAMES
+    [acked] = function.events("delivery.acked")
+    assert "2 problems" in acked["message"]
+    assert "3x3" in acked["message"] and "must not be negative (-24)" in acked["message"]
+
+
+@pytest.mark.integration
+def test_a_missing_namespace_is_acknowledged_with_the_reason(
+    function: Function, cluster: KubeApiServer
+) -> None:
+    payload = SEED.replace(b"namespace: default", b"namespace: team-z")
+    assert function.post(payload).status_code == 200
+    assert cluster.count("PATCH") == 0
+    [acked] = function.events("delivery.acked")
+    assert "team-z (for multislice-queue)" in acked["message"]
+
+
+@pytest.mark.integration
+def test_kueue_webhook_errors_are_retried_then_handed_back(
+    function: Function, cluster: KubeApiServer
+) -> None:
+    def cluster_queue_patch(method: str, path: str) -> bool:
+        return method == "PATCH" and "/clusterqueues/" in path
+
+    cluster.fail_next(2, 500, match=cluster_queue_patch, message=WEBHOOK_DOWN)
+    assert function.post(SEED).status_code == 200
+    assert cluster.count("PATCH", "/clusterqueues/") == 3
+
+    cluster.fail_next(10_000, 500, match=cluster_queue_patch, message=WEBHOOK_DOWN)
+    response = function.post(SEED.replace(b"vlp-24: 24", b"vlp-24: 16"))
+    assert response.status_code == 503
+    [retry] = function.events("delivery.retry")
+    assert "no endpoints available" in retry["message"]
+
+
+@pytest.mark.integration
+def test_a_cluster_without_kueue_asks_for_redelivery() -> None:
+    with KubeApiServer() as bare, _function(bare) as fn:
+        response = fn.post(None)
+        assert response.status_code == 503
+        [retry] = fn.events("delivery.retry")
+        assert "is Kueue installed" in retry["message"]

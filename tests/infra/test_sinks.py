@@ -1,0 +1,329 @@
+"""The sink filters in sinks/ against LogEntries as GKE writes them (sandbox.emulators.logging.entries).
+
+Each filter must export what its function acts on and nothing it would only throw away, and the
+files must render the same through the sandbox's template code and Terraform's ``templatefile``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.emulators.logging import entries as logentries
+from sandbox.emulators.logging.filter import LogFilter, load_filter, render_template
+from shared.events.envelope import (
+    ClusterId,
+    JobSetDeleted,
+    JobSetFinished,
+    PodUnschedulable,
+    decode_log_entry,
+)
+from tests.paths import REPO
+
+ROOT = REPO
+SINKS = ROOT / "sinks"
+CLUSTER = ClusterId("sink-proj", "us-central2-b", "tpu-cluster")
+OTHER_CLUSTER = ClusterId("sink-proj", "us-central2-b", "other-cluster")
+OTHER_PROJECT = ClusterId("elsewhere", "us-central2-b", "tpu-cluster")
+SUBS = {"project_id": CLUSTER.project, "location": CLUSTER.location, "cluster_name": CLUSTER.name}
+UID = "6f1c3c52-8b4e-4a57-9d1a-0c8f3b1e2d44"
+FILTER_NAMES = ("pending-tpu-pods", "jobset-lifecycle", "cluster-created")
+
+
+def sink(name: str) -> LogFilter:
+    return load_filter(SINKS / f"{name}.filter", SUBS)
+
+
+def create_cluster_entry(
+    cluster: ClusterId = CLUSTER,
+    method: str = "google.container.v1.ClusterManager.CreateCluster",
+    last: bool = True,
+    status_code: int = 0,
+) -> dict[str, Any]:
+    """The GKE Admin Activity entry of a CreateCluster operation (first or last entry)."""
+    proto: dict[str, Any] = {
+        "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+        "authenticationInfo": {"principalEmail": "admin@example.com"},
+        "methodName": method,
+        "resourceName": f"projects/{cluster.project}/zones/{cluster.location}/clusters/{cluster.name}",
+        "serviceName": "container.googleapis.com",
+    }
+    if status_code:
+        proto["status"] = {"code": status_code, "message": "failed"}
+    return {
+        "insertId": "abc123",
+        "logName": f"projects/{cluster.project}/logs/cloudaudit.googleapis.com%2Factivity",
+        "operation": {"id": "operation-1", "producer": "container.googleapis.com", "last": last}
+        | ({} if last else {"first": True}),
+        "protoPayload": proto,
+        "resource": {
+            "type": "gke_cluster",
+            "labels": {
+                "project_id": cluster.project,
+                "location": cluster.location,
+                "cluster_name": cluster.name,
+            },
+        },
+        "severity": "ERROR" if status_code else "NOTICE",
+        "timestamp": "2026-05-01T12:00:00Z",
+    }
+
+
+PENDING = [
+    (
+        lambda: logentries.pod_event_entry(CLUSTER, "team-a", "train-0", UID, controller=("JobSet", "train")),
+        True,
+        "jobset-pod-selector-mismatch",
+    ),
+    (
+        lambda: logentries.pod_event_entry(
+            CLUSTER,
+            "team-a",
+            "train-0",
+            UID,
+            message=logentries.INSUFFICIENT_TPU_MESSAGE,
+            controller=("JobSet", "t"),
+        ),
+        True,
+        "jobset-pod-insufficient-tpu",
+    ),
+    (
+        lambda: logentries.pod_event_entry(CLUSTER, "team-a", "train-0", UID, controller=None),
+        True,
+        "no-controller-label-kept",
+    ),
+    (
+        lambda: logentries.pod_event_entry(
+            CLUSTER, "team-a", "t-0", UID, reason="NotTriggerScaleUp", controller=("JobSet", "t")
+        ),
+        True,
+        "not-trigger-scale-up",
+    ),
+    (
+        lambda: logentries.pod_event_entry(CLUSTER, "team-a", "web-1", UID, controller=("Deployment", "web")),
+        False,
+        "deployment-pod-dropped",
+    ),
+    (
+        lambda: logentries.pod_event_entry(CLUSTER, "team-a", "db-0", UID, controller=("StatefulSet", "db")),
+        False,
+        "statefulset-pod-dropped",
+    ),
+    (
+        lambda: logentries.pod_event_entry(
+            CLUSTER, "team-a", "t-0", UID, reason="Scheduled", controller=("JobSet", "t")
+        ),
+        False,
+        "scheduled-dropped",
+    ),
+    (
+        lambda: logentries.pod_event_entry(
+            CLUSTER, "team-a", "t-0", UID, reason="Pulled", controller=("JobSet", "t")
+        ),
+        False,
+        "pulled-dropped",
+    ),
+    (
+        lambda: logentries.pod_event_entry(OTHER_CLUSTER, "team-a", "t-0", UID, controller=("JobSet", "t")),
+        False,
+        "other-cluster",
+    ),
+    (
+        lambda: logentries.pod_event_entry(OTHER_PROJECT, "team-a", "t-0", UID, controller=("JobSet", "t")),
+        False,
+        "other-project",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID),
+        False,
+        "jobset-event-is-not-a-pod-event",
+    ),
+    (lambda: logentries.text_marker_entry(CLUSTER, "Started watching events"), False, "exporter-marker"),
+]
+
+
+@pytest.mark.parametrize(("build", "expected"), [p[:2] for p in PENDING], ids=[p[2] for p in PENDING])
+def test_pending_tpu_pods(build: Any, expected: bool) -> None:
+    assert sink("pending-tpu-pods").matches(build()) is expected
+
+
+LIFECYCLE = [
+    (lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID), True, "completed-core-shape"),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID, shape="events.k8s.io"),
+        True,
+        "completed-events-v1",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID, reason="FailedJobs"),
+        True,
+        "failed-jobs",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID, reason="ReachedMaxRestarts"),
+        True,
+        "max-restarts",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(
+            CLUSTER, "team-a", "train", UID, reason="FailJobSetFailurePolicyAction", shape="events.k8s.io"
+        ),
+        True,
+        "failure-policy-events-v1",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID, reason="SuspendedJobs"),
+        False,
+        "suspended-not-terminal",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "train", UID, reason="Restarting"),
+        False,
+        "restarting-not-terminal",
+    ),
+    (
+        lambda: logentries.jobset_event_entry(OTHER_CLUSTER, "team-a", "train", UID),
+        False,
+        "other-cluster-event",
+    ),
+    (lambda: logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "train"), True, "deleted-by-user"),
+    (
+        lambda: logentries.jobset_delete_audit_entry(
+            CLUSTER, "team-a", "train", principal=logentries.TTL_CONTROLLER_PRINCIPAL
+        ),
+        True,
+        "deleted-by-ttl-controller",
+    ),
+    (
+        lambda: logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "", method="deletecollection"),
+        True,
+        "deletecollection",
+    ),
+    (
+        lambda: logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "train", status_code=7),
+        False,
+        "denied-delete",
+    ),
+    (
+        lambda: logentries.jobset_delete_audit_entry(OTHER_CLUSTER, "team-a", "train"),
+        False,
+        "other-cluster-delete",
+    ),
+    (lambda: _pod_delete_audit(), False, "pod-delete-audit"),
+    (
+        lambda: logentries.pod_event_entry(CLUSTER, "team-a", "t-0", UID, controller=("JobSet", "t")),
+        False,
+        "pod-event",
+    ),
+]
+
+
+def _pod_delete_audit() -> dict[str, Any]:
+    entry = logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "train")
+    proto = entry["protoPayload"]
+    proto["methodName"] = "io.k8s.core.v1.pods.delete"
+    proto["resourceName"] = "core/v1/namespaces/team-a/pods/train-0"
+    return entry
+
+
+@pytest.mark.parametrize(("build", "expected"), [c[:2] for c in LIFECYCLE], ids=[c[2] for c in LIFECYCLE])
+def test_jobset_lifecycle(build: Any, expected: bool) -> None:
+    assert sink("jobset-lifecycle").matches(build()) is expected
+
+
+CREATED = [
+    (lambda: create_cluster_entry(), True, "v1-last"),
+    (
+        lambda: create_cluster_entry(method="google.container.v1beta1.ClusterManager.CreateCluster"),
+        True,
+        "v1beta1-last",
+    ),
+    (lambda: create_cluster_entry(cluster=OTHER_CLUSTER), True, "any-cluster-of-the-project"),
+    (lambda: create_cluster_entry(last=False), False, "operation-started"),
+    (lambda: create_cluster_entry(status_code=13), False, "creation-failed"),
+    (
+        lambda: create_cluster_entry(method="google.container.v1.ClusterManager.DeleteCluster"),
+        False,
+        "delete-cluster",
+    ),
+    (lambda: create_cluster_entry(cluster=OTHER_PROJECT), False, "other-project"),
+    (lambda: logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "train"), False, "k8s-audit"),
+]
+
+
+@pytest.mark.parametrize(("build", "expected"), [c[:2] for c in CREATED], ids=[c[2] for c in CREATED])
+def test_cluster_created(build: Any, expected: bool) -> None:
+    assert sink("cluster-created").matches(build()) is expected
+
+
+def test_every_exported_event_entry_decodes_to_the_functions_kind() -> None:
+    """Sink and decoder agree: what the sinks export is what the functions act on."""
+    kinds: dict[str, tuple[type, ...]] = {
+        "pending-tpu-pods": (PodUnschedulable,),
+        "jobset-lifecycle": (JobSetFinished, JobSetDeleted),
+    }
+    cases = {"pending-tpu-pods": PENDING, "jobset-lifecycle": LIFECYCLE}
+    for name, table in cases.items():
+        for build, expected, case_id in table:
+            entry = build()
+            if expected:
+                decoded = decode_log_entry(entry)
+                assert isinstance(decoded, kinds[name]), (name, case_id, decoded)
+
+
+def test_old_events_still_match() -> None:
+    """The filters carry no time condition: age is the function's decision (MAX_EVENT_AGE_SECONDS)."""
+    when = datetime(2020, 1, 1, tzinfo=UTC)
+    entry = logentries.pod_event_entry(CLUSTER, "team-a", "t-0", UID, when=when, controller=("JobSet", "t"))
+    assert sink("pending-tpu-pods").matches(entry)
+
+
+def test_every_filter_file_is_documented_and_loads() -> None:
+    files = sorted(p.stem for p in SINKS.glob("*.filter"))
+    assert files == sorted(FILTER_NAMES)
+    readme = (SINKS / "README.md").read_text()
+    for name in files:
+        assert f"`{name}.filter`" in readme
+        assert f"## {name}" in readme
+        sink(name)  # parses within the supported subset
+
+
+def test_filters_only_reference_known_placeholders() -> None:
+    for name in FILTER_NAMES:
+        text = (SINKS / f"{name}.filter").read_text()
+        with pytest.raises(ValueError, match="no value was given"):
+            render_template(text, {k: v for k, v in SUBS.items() if k != "project_id"})
+
+
+@pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not installed")
+def test_terraform_templatefile_renders_the_same_text(tmp_path: Path) -> None:
+    """Terraform's own templatefile() (via `terraform console`, which needs no providers) agrees."""
+    vars_hcl = ", ".join(f'{k} = "{v}"' for k, v in SUBS.items())
+    expr = (
+        "jsonencode({"
+        + ", ".join(
+            f'"{n}" = templatefile("{SINKS / (n + ".filter")}", {{{vars_hcl}}})' for n in FILTER_NAMES
+        )
+        + "})"
+    )
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
+    result = subprocess.run(
+        ["terraform", "console"],
+        input=expr,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    rendered = json.loads(json.loads(result.stdout))
+    for name in FILTER_NAMES:
+        assert rendered[name] == sink(name).text, name

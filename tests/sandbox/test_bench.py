@@ -1,0 +1,231 @@
+"""The benchmark at small scale, asserting what it COUNTS (never timing), plus the instance cache it led to.
+
+The storm runs against real functions-framework processes and both emulators; the cache tests run
+the Provisioner over the stateful fakes with a controllable clock.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from sandbox.bench import coldstart as bench_coldstart
+from sandbox.bench import env as bench_env
+from sandbox.bench import overhead as bench_overhead
+from sandbox.bench import storm as bench_storm
+from sandbox.bench.procs import REFERENCE_TARGET
+from sandbox.testing.builders import tpu_jobset
+from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.core.settings import Settings
+from shared.provisioning.provisioner import CREATED, EXISTS, Provisioner
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_STOPPING
+from tpuprov import main as cli
+
+SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+CLUSTER = SETTINGS.cluster_path
+
+
+@pytest.fixture
+def env():
+    with bench_env.started() as started:
+        yield started
+
+
+# --- the benchmark, small ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "shape",
+    [
+        bench_storm.StormShape(slices=8, hosts=2, repeats=3, concurrency=6, seed=1),
+        bench_storm.StormShape(slices=5, hosts=1, repeats=4, duplicate_fraction=0.3, concurrency=4, seed=2),
+    ],
+    ids=["8x2x3-10pct-dups", "5x1x4-30pct-dups"],
+)
+def test_storm_costs_exactly_one_create_and_one_delete_per_slice(env, tmp_path, shape):
+    result = bench_storm.run(env, shape, tmp_path)
+    assert result.events == round(shape.slices * shape.hosts * shape.repeats * (1 + shape.duplicate_fraction))
+    assert result.non_2xx == 0
+    assert result.creates == shape.slices
+    assert result.deletes == shape.slices
+    assert result.provision_reads <= 2 * result.events
+    assert result.release_reads <= 2 * result.release_events
+    assert result.leaked_pools == 0
+    assert env.managed_pools() == []
+    assert result.provision_rss.worker_mib > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_overhead_run_reads_at_most_twice_per_event_and_creates_each_slice_once(env):
+    result = bench_overhead.measure(env, events=120, slices=6, hosts=2)
+    assert result.events >= 120
+    assert len(result.overhead) == len(result.total) == result.events
+    assert result.creates == 6
+    # The first event of a replicated job also reads the JobSet before spending money (3 reads);
+    # every other event costs at most 2, and the storm test bounds the average by 2.
+    assert 1 <= result.max_reads_per_event <= 3
+    names = sorted(p["name"] for p in env.managed_pools())
+    assert len(names) == 6 + 2  # the measured JobSet's slices plus the warm-up JobSet's two
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cold_start_probes_ack_without_calls_and_first_create_creates_once(env, tmp_path):
+    wanted = {("provision", "ack"), (REFERENCE_TARGET, "ack"), ("provision", "first-create")}
+    probes = tuple(p for p in bench_coldstart.PROBES if (p.target, p.kind) in wanted)
+    results = bench_coldstart.measure(env, launches=1, log_dir=tmp_path, probes=probes)
+    assert [(r.target, r.kind, len(r.samples)) for r in results] == [
+        ("provision", "ack", 1),
+        (REFERENCE_TARGET, "ack", 1),
+        ("provision", "first-create", 1),
+    ]
+    # Two rounds (warm-up + one) of the first-create probe: one fresh pool each, nothing else.
+    assert env.gke.count("create") == 2
+    assert len(env.managed_pools()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
+    out = tmp_path / "results"
+    argv = ["bench", "--skip-cold-start", "--events", "40", "--out", str(out)]
+    assert cli.main([*argv, "--slices", "3", "--hosts", "2", "--repeats", "2", "--concurrency", "3"]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["storm"]["creates"] == report["storm"]["deletes"] == 3
+    assert report["all_met"] is True
+    assert {t["name"] for t in report["targets"]} >= {"storm creates == S", "warm overhead p99"}
+    markdown = (out / "bench.md").read_text()
+    assert markdown.startswith("## Performance") and "make bench" in markdown
+    assert "| GKE creates / deletes | 3 / 3 |" in markdown
+    assert "## Performance" in capsys.readouterr().out
+
+
+def test_cli_rejects_non_positive_counts(tmp_path, capsys):
+    assert cli.main(["bench", "--slices", "0", "--out", str(tmp_path)]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "bench.json").exists()
+
+
+# --- the instance-local cache of pools known to exist --------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pending(kube, name="train", replicas=1):
+    jobset = tpu_jobset(name, "team-a", replicas=replicas, topology="4x4")
+    kube.add_jobset(jobset)
+    pods = expand_pods(jobset)
+    for pod in pods:
+        kube.add_pod(pod)
+    return pods
+
+
+def deliver(service, pod):
+    meta = pod["metadata"]
+    return service.handle_pending_pod(meta["namespace"], meta["name"], None)
+
+
+def test_duplicates_within_the_ttl_cost_one_read_and_no_listing():
+    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    pods = pending(kube)
+    assert deliver(service, pods[0]).result == CREATED
+    reads_before, lists_before = kube.reads, gke.count("list")
+    outcomes = [deliver(service, pod) for pod in pods * 5]
+    assert {o.result for o in outcomes} == {EXISTS}
+    assert kube.reads - reads_before == len(outcomes)
+    assert gke.count("list") == lists_before
+    assert gke.count("create") == 1
+
+
+def test_a_pool_deleted_behind_the_cache_is_created_again_once_the_ttl_expires():
+    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    pods = pending(kube)
+    assert deliver(service, pods[0]).result == CREATED
+    [name] = gke.managed_names(CLUSTER)
+    gke.delete_node_pool(CLUSTER, name, "reconcile recycled it")
+    clock.now += 29
+    assert deliver(service, pods[0]).result == EXISTS
+    clock.now += 2
+    assert deliver(service, pods[0]).result == CREATED
+    assert gke.managed_names(CLUSTER) == [name]
+
+
+@pytest.mark.parametrize("status", [STATUS_ERROR, STATUS_STOPPING], ids=["error", "stopping"])
+def test_pools_on_their_way_out_are_never_remembered(status):
+    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    pods = pending(kube)
+    assert deliver(service, pods[0]).result == CREATED
+    [name] = gke.managed_names(CLUSTER)
+    fresh = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    gke.mark(CLUSTER, name, status)
+    assert deliver(fresh, pods[0]).result == EXISTS  # listed, in its final state
+    gke.delete_node_pool(CLUSTER, name, "gone")
+    assert deliver(fresh, pods[0]).result == CREATED
+
+
+def test_a_callers_listing_bypasses_the_cache():
+    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    pods = pending(kube)
+    assert deliver(service, pods[0]).result == CREATED
+    gke.delete_node_pool(CLUSTER, gke.managed_names(CLUSTER)[0], "gone")
+    outcome = service.provision_pod(kube.get_pod("team-a", pods[0]["metadata"]["name"]), pools=[])
+    assert outcome.result == CREATED
+
+
+def test_without_a_ttl_nothing_is_remembered():
+    gke, kube = FakeGke(), FakeKube()
+    service = Provisioner(SETTINGS, gke, kube)
+    pods = pending(kube)
+    for pod in pods * 3:
+        deliver(service, pod)
+    assert gke.count("list") == len(pods) * 3
+    assert gke.count("create") == 1
+
+
+class SlowListGke(FakeGke):
+    """Listing takes a while, so concurrent deliveries overlap between list and create."""
+
+    def list_node_pools(self, cluster):
+        time.sleep(0.02)
+        return super().list_node_pools(cluster)
+
+
+@pytest.mark.parametrize("ttl", [0.0, 30.0], ids=["no-ttl", "ttl"])
+def test_concurrent_deliveries_for_one_slice_send_one_create(ttl):
+    gke, kube = SlowListGke(), FakeKube()
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=ttl)
+    pods = pending(kube, replicas=2)  # two slices of four hosts
+    start = threading.Barrier(len(pods) * 2)
+    outcomes = []
+
+    def run(pod):
+        start.wait()
+        outcomes.append(deliver(service, pod))
+
+    threads = [threading.Thread(target=run, args=(pod,)) for pod in pods * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert gke.count("create") == 2
+    # One delivery requests the whole replicated job; every other one finds its pool.
+    assert [o.result for o in outcomes].count(CREATED) == 1
+    assert sum(len(o.requested) for o in outcomes) == 2
+    assert len(gke.managed_names(CLUSTER)) == 2

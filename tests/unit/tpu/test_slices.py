@@ -1,0 +1,311 @@
+"""Pure derivation tables: which pods qualify, and the exact NodePool each slice gets."""
+
+import copy
+
+import pytest
+
+from sandbox.testing.builders import tpu_jobset
+from shared.core import labels
+from shared.core.names import SliceId
+from shared.core.settings import Settings
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
+from shared.tpu.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
+
+UID = "0b9a1c3e-1111-4222-8333-444455556666"
+SETTINGS = Settings(
+    project_id="p",
+    location="us-east5-b",
+    cluster_name="c",
+    node_service_account="tpu-nodes@p.iam.gserviceaccount.com",
+    network_tags=("tpu",),
+    max_pods_per_node=32,
+    tpu7x_workload_policy="tpu7x-{topology}",
+)
+
+
+def pod_of(**kwargs):
+    jobset = tpu_jobset("train", "team-a", uid=UID, **kwargs)
+    return expand_pods(jobset)[0]
+
+
+def owner(index=0, rjob="slice"):
+    return {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.OWNER_NAMESPACE: "team-a",
+        labels.OWNER_NAME: "train",
+        labels.OWNER_UID: UID,
+        labels.OWNER_REPLICATED_JOB: rjob,
+        labels.OWNER_JOB_INDEX: str(index),
+    }
+
+
+RESOURCE_LABELS = {
+    labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+    labels.RESOURCE_LABEL_JOBSET: "train",
+}
+COMMON = {
+    "node_locations": ("us-east5-b",),
+    "resource_labels": RESOURCE_LABELS,
+    "service_account": "tpu-nodes@p.iam.gserviceaccount.com",
+    "oauth_scopes": ("https://www.googleapis.com/auth/cloud-platform",),
+    "max_pods_per_node": 32,
+    "tags": ("tpu",),
+}
+
+
+def expected(name_of, **fields):
+    return NodePoolSpec(name=name_of, **{**COMMON, **fields})
+
+
+def request_name(**kwargs):
+    return slice_request(pod_of(**kwargs)).pool_name
+
+
+CASES = [
+    pytest.param(
+        {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4},
+        {
+            "machine_type": "ct6e-standard-4t",
+            "node_count": 4,
+            "labels": owner(),
+            "placement": Placement("COMPACT", "4x4"),
+        },
+        id="v6e-multi-host-compact",
+    ),
+    pytest.param(
+        {"accelerator": "tpu-v5-lite-podslice", "topology": "2x4", "chips_per_vm": 8},
+        {"machine_type": "ct5lp-hightpu-8t", "node_count": 1, "labels": owner(), "placement": None},
+        id="v5e-2x4-single-host-8-chip-vm-no-placement",
+    ),
+    pytest.param(
+        {"accelerator": "tpu-v5-lite-podslice", "topology": "2x4", "chips_per_vm": 4},
+        {
+            "machine_type": "ct5lp-hightpu-4t",
+            "node_count": 2,
+            "labels": owner(),
+            "placement": Placement("COMPACT", "2x4"),
+        },
+        id="v5e-2x4-two-4-chip-vms",
+    ),
+    pytest.param(
+        {
+            "accelerator": "tpu-v5-lite-podslice",
+            "topology": "2x4",
+            "chips_per_vm": 8,
+            "selectors": {labels.SPOT: "true"},
+        },
+        {"machine_type": "ct5lp-hightpu-8t", "node_count": 1, "labels": owner(), "spot": True},
+        id="spot",
+    ),
+    pytest.param(
+        {
+            "accelerator": "tpu-v5p-slice",
+            "topology": "2x2x4",
+            "chips_per_vm": 4,
+            "selectors": {labels.RESERVATION_NAME: "v5p-res"},
+        },
+        {
+            "machine_type": "ct5p-hightpu-4t",
+            "node_count": 4,
+            "labels": owner(),
+            "placement": Placement("COMPACT", "2x2x4"),
+            "reservation": Reservation("v5p-res"),
+        },
+        id="specific-reservation",
+    ),
+    pytest.param(
+        {
+            "accelerator": "tpu-v4-podslice",
+            "topology": "2x2x2",
+            "chips_per_vm": 4,
+            "selectors": {labels.RESERVATION_NAME: "shared-res", labels.RESERVATION_PROJECT: "owner-proj"},
+        },
+        {
+            "machine_type": "ct4p-hightpu-4t",
+            "node_count": 2,
+            "labels": owner(),
+            "placement": Placement("COMPACT", "2x2x2"),
+            "reservation": Reservation("shared-res", "owner-proj"),
+        },
+        id="shared-reservation",
+    ),
+    pytest.param(
+        {
+            "accelerator": "tpu-v6e-slice",
+            "topology": "2x2",
+            "chips_per_vm": 4,
+            "selectors": {"team": "research", "example.com/tier": "gold", "kubernetes.io/os": "linux"},
+        },
+        {
+            "machine_type": "ct6e-standard-4t",
+            "node_count": 1,
+            "labels": {"example.com/tier": "gold", "team": "research", **owner()},
+        },
+        id="copied-selectors-not-reserved-ones",
+    ),
+    pytest.param(
+        {"accelerator": "tpu7x", "topology": "2x2x2", "chips_per_vm": 4},
+        {
+            "machine_type": "tpu7x-standard-4t",
+            "node_count": 2,
+            "labels": owner(),
+            "placement": Placement("", "", "tpu7x-2-2-2"),
+        },
+        id="tpu7x-multi-host-workload-policy",
+    ),
+    pytest.param(
+        {"accelerator": "tpu7x", "topology": "2x2x1", "chips_per_vm": 4},
+        {"machine_type": "tpu7x-standard-4t", "node_count": 1, "labels": owner(), "placement": None},
+        id="tpu7x-single-host",
+    ),
+]
+
+
+@pytest.mark.parametrize(("jobset_args", "fields"), CASES)
+def test_build_node_pool_whole_object(jobset_args, fields):
+    request = slice_request(pod_of(**jobset_args))
+    spec, _ = build_node_pool(SETTINGS, request)
+    assert spec == expected(request.pool_name, **fields)
+
+
+def test_slice_request_whole_object():
+    pod = pod_of(selectors={labels.SPOT: "true", "team": "x"})
+    assert slice_request(pod) == SliceRequest(
+        slice_id=SliceId("team-a", "train", UID, "slice", 0),
+        accelerator="tpu-v6e-slice",
+        topology="4x4",
+        chips_per_vm=4,
+        spot=True,
+        reservation=None,
+        extra_labels={"team": "x"},
+    )
+
+
+def mutate(change):
+    pod = copy.deepcopy(pod_of())
+    change(pod)
+    return pod
+
+
+def _set(path, value):
+    def apply(pod):
+        target = pod
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        if value is None:
+            target.pop(path[-1], None)
+        else:
+            target[path[-1]] = value
+
+    return apply
+
+
+NOT_ELIGIBLE = [
+    pytest.param(
+        _set(("metadata", "deletionTimestamp"), "2026-01-01T00:00:00Z"), "being deleted", id="deleting"
+    ),
+    pytest.param(_set(("spec", "nodeName"), "node-1"), "on node", id="scheduled"),
+    pytest.param(_set(("status", "phase"), "Running"), "Running", id="running"),
+    pytest.param(_set(("status", "conditions"), []), "Unschedulable", id="no-unschedulable-condition"),
+    pytest.param(_set(("spec", "schedulingGates"), [{"name": "x"}]), "gates", id="gated"),
+    pytest.param(_set(("metadata", "labels", labels.OPT_OUT), "true"), "opted out", id="opt-out-label"),
+    pytest.param(
+        _set(("metadata", "annotations", labels.OPT_OUT), "True"), "opted out", id="opt-out-annotation"
+    ),
+    pytest.param(
+        lambda p: [
+            p["metadata"]["labels"].pop(labels.JOBSET_NAME),
+            p["metadata"]["annotations"].pop(labels.JOBSET_NAME),
+        ],
+        "JobSet",
+        id="not-jobset",
+    ),
+    pytest.param(lambda p: p["spec"]["containers"][0].update(resources={}), "no google.com/tpu", id="no-tpu"),
+    pytest.param(
+        _set(("spec", "nodeSelector", labels.NODEPOOL), "tpu-x-0-abc"), "follower", id="follower-pinned"
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "why"), NOT_ELIGIBLE)
+def test_not_eligible(change, why):
+    with pytest.raises(NotEligible, match=why):
+        slice_request(mutate(change))
+
+
+REFUSED = [
+    pytest.param(
+        lambda p: p["spec"]["nodeSelector"].pop(labels.TPU_TOPOLOGY), "does not select", id="no-topology"
+    ),
+    pytest.param(_set(("spec", "nodeSelector", "team"), "has space"), "label value", id="bad-label-value"),
+    pytest.param(_set(("spec", "nodeSelector", "bad key!"), "x"), "label key", id="bad-label-key"),
+    pytest.param(
+        _set(("spec", "nodeSelector", labels.MANAGED_BY), "someone"),
+        "reserved for ownership",
+        id="ownership-inject",
+    ),
+    pytest.param(
+        lambda p: p["spec"]["containers"][0]["resources"]["requests"].update({labels.TPU_RESOURCE: "four"}),
+        "requests google.com/tpu",
+        id="non-numeric-tpu",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "why"), REFUSED)
+def test_refused(change, why):
+    with pytest.raises(Refused, match=why):
+        slice_request(mutate(change))
+
+
+@pytest.mark.parametrize(
+    ("jobset_args", "settings", "why"),
+    [
+        ({"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 2}, SETTINGS, "2 chips per VM"),
+        (
+            {"accelerator": "tpu-v9-slice", "topology": "4x4", "chips_per_vm": 4},
+            SETTINGS,
+            "unknown TPU accelerator",
+        ),
+        (
+            {"accelerator": "tpu7x", "topology": "2x2x2", "chips_per_vm": 4},
+            SETTINGS.with_overrides(tpu7x_workload_policy=""),
+            "TPU7X_WORKLOAD_POLICY",
+        ),
+        (
+            {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4},
+            SETTINGS.with_overrides(location="us-east5"),
+            "NODE_LOCATIONS",
+        ),
+    ],
+    ids=["chips-not-a-machine-type", "unknown-accelerator", "tpu7x-without-policy", "regional-without-zone"],
+)
+def test_build_refuses_what_gke_would_reject(jobset_args, settings, why):
+    with pytest.raises(Refused, match=why):
+        build_node_pool(settings, slice_request(pod_of(**jobset_args)))
+
+
+def test_every_pod_of_a_slice_maps_to_the_same_pool_and_slices_differ():
+    pods = expand_pods(tpu_jobset("train", "team-a", uid=UID, replicas=3, topology="4x4", chips_per_vm=4))
+    names = [slice_request(p).pool_name for p in pods]
+    assert len(pods) == 12
+    assert len(set(names)) == 3
+    for index in range(3):
+        assert (
+            len(
+                {
+                    n
+                    for p, n in zip(pods, names, strict=True)
+                    if p["metadata"]["labels"][labels.JOB_INDEX] == str(index)
+                }
+            )
+            == 1
+        )
+
+
+def test_restart_attempt_keeps_pool_names():
+    jobset = tpu_jobset("train", "team-a", uid=UID)
+    first = {slice_request(p).pool_name for p in expand_pods(jobset, restart_attempt=0)}
+    again = {slice_request(p).pool_name for p in expand_pods(jobset, restart_attempt=1)}
+    assert first == again

@@ -1,0 +1,1 @@
+"""One module per ``tpuprov`` subcommand, each exposing ``register(subparsers)``."""

@@ -1,0 +1,63 @@
+"""``tpuprov bench``: measure cold start, per-event overhead, storm economy and memory locally.
+
+The benchmark itself is test tooling and lives in ``sandbox.bench.runner*``; it is imported only when
+the subcommand runs, so the CLI's other commands never pay for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` subcommand."""
+    parser = subparsers.add_parser(
+        "bench", help="benchmark the functions against local emulators and write JSON + Markdown results"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="results directory")
+    parser.add_argument("--launches", type=int, default=5, help="cold-start launches per function (>= 1)")
+    parser.add_argument("--events", type=int, default=1000, help="warm events for the overhead figure")
+    parser.add_argument("--slices", type=int, default=64, help="storm: slices of the JobSet (S)")
+    parser.add_argument(
+        "--hosts", type=int, default=4, choices=(1, 2, 4, 8, 16), help="storm: hosts per slice (H)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="storm: FailedScheduling events per pod (R)")
+    parser.add_argument("--concurrency", type=int, default=8, help="storm: concurrent deliveries")
+    parser.add_argument("--skip-cold-start", action="store_true", help="skip the (slowest) cold-start part")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep the function processes' logs here")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; exit 0 when every target is met, 1 when one is missed, 2 on bad input."""
+    if args.launches < 1 or args.events < 1 or args.slices < 1 or args.repeats < 1 or args.concurrency < 1:
+        print("tpuprov bench: counts must be >= 1", file=sys.stderr)
+        return 2
+    from sandbox.bench import report as bench_report
+    from sandbox.bench import runner as bench
+    from sandbox.bench.storm import StormShape
+
+    config = bench.BenchConfig(
+        launches=args.launches,
+        events=args.events,
+        storm=StormShape(
+            slices=args.slices, hosts=args.hosts, repeats=args.repeats, concurrency=args.concurrency
+        ),
+        cold_start=not args.skip_cold_start,
+        log_dir=args.log_dir,
+    )
+    try:
+        report = bench.run(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except FileNotFoundError as exc:
+        print(f"tpuprov bench: {exc}", file=sys.stderr)
+        return 2
+    json_path, md_path = bench_report.write(report, args.out)
+    print(bench_report.markdown(report))
+    print(f"wrote {json_path} and {md_path}", file=sys.stderr)
+    missed = [t["name"] for t in report["targets"] if not t["met"]]
+    if missed:
+        print(f"tpuprov bench: targets missed: {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0

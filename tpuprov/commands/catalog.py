@@ -1,0 +1,79 @@
+"""``tpuprov catalog``: print the TPU slices the provisioner knows how to create.
+
+Operators use it to check which ``gke-tpu-accelerator`` / ``gke-tpu-topology`` values and
+``google.com/tpu`` requests a workload may use before submitting it. ``--output json`` prints
+every topology one by one for scripts. The table lists small shapes by name and gives the rule
+for the large 3D ones, which would otherwise run to hundreds of lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from shared.tpu.catalog import AcceleratorInfo, MachineTypeInfo, accelerators
+
+OUTPUT_FORMATS = ("table", "json")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``catalog`` subcommand; its parsed args carry ``func=run``."""
+    parser = subparsers.add_parser(
+        "catalog",
+        help="list TPU accelerators, machine types and topologies the provisioner supports",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="table",
+        help="table for people (default), json for scripts",
+    )
+    parser.set_defaults(func=run)
+
+
+def _machine_type_text(machine: MachineTypeInfo) -> str:
+    unit = "chip" if machine.chips == 1 else "chips"
+    note = ", single-host only" if machine.single_host_only else ""
+    return f"{machine.name} ({machine.chips} {unit}{note})"
+
+
+def _to_json(info: AcceleratorInfo) -> dict[str, Any]:
+    return {
+        "accelerator": info.accelerator,
+        "generation": info.generation,
+        "dimensions": info.dimensions,
+        "machine_types": [
+            {"name": m.name, "chips": m.chips, "single_host_only": m.single_host_only}
+            for m in info.machine_types
+        ],
+        "max_chips": info.max_chips,
+        "multi_host_placement": info.multi_host_placement,
+        "topology_rule": info.topology_rule,
+        "topologies": list(info.topologies),
+    }
+
+
+def _write_table(infos: list[AcceleratorInfo], out: TextIO) -> None:
+    for index, info in enumerate(infos):
+        if index:
+            out.write("\n")
+        out.write(
+            f"{info.accelerator}  (generation {info.generation}, {info.dimensions}D, "
+            f"up to {info.max_chips} chips per slice, multi-host placement: {info.multi_host_placement})\n"
+        )
+        out.write("  machine types: " + ", ".join(_machine_type_text(m) for m in info.machine_types) + "\n")
+        out.write(f"  topologies:    {info.topology_rule}\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the catalog in the format ``args.output`` names; returns the process exit code."""
+    infos = accelerators()
+    if getattr(args, "output", "table") == "json":
+        json.dump([_to_json(info) for info in infos], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _write_table(infos, sys.stdout)
+    return 0

@@ -1,0 +1,67 @@
+"""``tpuprov demo`` and ``tpuprov sandbox {up,demo}``: run the product end to end on this machine.
+
+The sandbox (``sandbox/``) is imported only when one of these commands runs: the functions never
+load it, and ``tpuprov --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--topology",
+        default="2x2",
+        help="v6e slice topology of the demo JobSet: 2x2 (1 VM per slice, default) or 4x4 (4 VMs)",
+    )
+    parser.add_argument("--slices", type=int, default=2, help="number of TPU slices (default 2)")
+    parser.add_argument("--run-seconds", type=float, default=3.0, help="how long each pod runs (default 3)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"
+    )
+    parser.set_defaults(func=run, sandbox_command="demo")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``demo`` and ``sandbox {up,demo}`` to the ``tpuprov`` parser."""
+    demo = subparsers.add_parser(
+        "demo",
+        help="run the whole event loop locally: a 2-slice TPU JobSet from pending pods to deleted pools",
+        description="Start the local sandbox, run a TPU and a CPU JobSet through it, print the timeline.",
+    )
+    _demo_arguments(demo)
+    sandbox = subparsers.add_parser("sandbox", help="the local sandbox: keep it running, or run the demo")
+    commands = sandbox.add_subparsers(dest="sandbox_command", metavar="{up,demo}", required=True)
+    up = commands.add_parser("up", help="start the sandbox and keep it running until Ctrl-C")
+    up.add_argument("--quiet", action="store_true", help="do not print the live timeline")
+    up.add_argument("--gke-op-delay", type=float, default=2.0, help="seconds a node-pool operation takes")
+    up.set_defaults(func=run)
+    _demo_arguments(commands.add_parser("demo", help="same as `tpuprov demo`"))
+
+
+def run(args: Any) -> int:
+    """Dispatch ``demo`` / ``sandbox up`` / ``sandbox demo``; returns the exit code."""
+    from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
+    from sandbox.stack.demo import DemoOptions, run_demo, run_up
+
+    if args.sandbox_command == "up":
+        # Every function, so that `tpuprov publish setup|kueue` work against it as well.
+        return run_up(StackConfig(gke_op_delay=args.gke_op_delay, functions=ALL_FUNCTIONS), quiet=args.quiet)
+    if args.slices < 1:
+        print("tpuprov demo: --slices must be at least 1")
+        return 2
+    options = DemoOptions(
+        topology=args.topology,
+        slices=args.slices,
+        run_seconds=args.run_seconds,
+        timeout=args.timeout,
+        verbose=args.verbose,
+    )
+    try:
+        return run_demo(options)
+    except KeyboardInterrupt:
+        print("\ntpuprov demo: interrupted; every process it started was stopped")
+        return 130

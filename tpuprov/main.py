@@ -1,0 +1,44 @@
+"""``tpuprov``: the product's command line (plan, catalog, decode, publish, kueue, sandbox, bench).
+
+Each subcommand lives in its own ``tpuprov/commands/*.py`` module exposing ``register(subparsers)``.
+Those modules are light at import time: the sandbox, the benchmark and the Pub/Sub client are
+imported inside the command that needs them, so ``tpuprov --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tpuprov.commands import bench, catalog, decode, kueue, plan, publish, sandbox
+
+# Order is the order of `tpuprov --help`.
+SUBCOMMANDS = (plan, catalog, decode, publish, kueue, sandbox, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="tpuprov",
+        description="Serverless GKE TPU node-pool provisioner: plan, inspect and try it locally.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        command.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tpuprov`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
