@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 from sandbox.emulators.logging import entries as logentries
 from shared.core import names
-from shared.core.errors import InvalidInputError, PermanentError, TransientError
+from shared.core.errors import InvalidInputError, PermanentError, Skip, TransientError
 from shared.events.envelope import JobSetDeleted, JobSetFinished, PodUnschedulable, decode_log_entry
-from shared.events.fields import ClusterId, Skip, cluster_from_labels, validate_uid
+from shared.events.fields import ClusterId, cluster_from_labels, validate_uid
 
 DEFAULT_TOPIC_PREFIX = "tpuprov"
 # Topic suffix per message kind; infra/main.tf names the topics "<prefix>-<suffix>".

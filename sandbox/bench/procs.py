@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.stack.functions import functions_framework_binary
+from sandbox.stack.functions import function_argv
 from sandbox.stack.processes import ManagedProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,19 +65,7 @@ class FunctionProcess:
 def launched(target: str, env: Mapping[str, str], log_dir: Path) -> Iterator[FunctionProcess]:
     """Launch ``functions-framework --target TARGET`` on a free loopback port; stopped on exit."""
     port = free_port()
-    argv = [
-        functions_framework_binary(),
-        "--target",
-        target,
-        "--source",
-        str(source_of(target)),
-        "--signature-type",
-        "cloudevent",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    argv = function_argv(target, source_of(target), port)
     log_dir.mkdir(parents=True, exist_ok=True)
     started_at = time.perf_counter()
     proc = ManagedProcess(target, argv, base_env(env), REPO_ROOT, log_dir / f"{target}-{port}.log")

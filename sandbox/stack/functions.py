@@ -32,14 +32,14 @@ def functions_framework_binary() -> str:
     return found
 
 
-def function_argv(function: str, port: int, repo_root: Path) -> list[str]:
-    """The command line Cloud Run's buildpack would run for ``function`` (loopback only here)."""
+def function_argv(target: str, source: Path, port: int) -> list[str]:
+    """The command line Cloud Run's buildpack would run for ``target`` in ``source`` (loopback only)."""
     return [
         functions_framework_binary(),
         "--target",
-        function,
+        target,
         "--source",
-        str(repo_root / "functions" / function / "main.py"),
+        str(source),
         "--signature-type",
         "cloudevent",
         "--host",
@@ -72,7 +72,7 @@ def start_functions(
     env = {**base, **settings_env}
 
     def launch(function: str, port: int) -> ManagedProcess:
-        argv = function_argv(function, port, repo_root)
+        argv = function_argv(function, repo_root / "functions" / function / "main.py", port)
         return registry.start(function, argv, env, repo_root, workdir / f"{function}.log", on_line)
 
     ports = free_ports(len(functions))

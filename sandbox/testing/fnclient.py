@@ -7,13 +7,21 @@ functions-framework converts into a CloudEvent itself.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import dataclasses
+import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import functions_framework
 
 from sandbox.emulators.logging import entries as logentries
+from shared.app import entry
+from shared.core import logs
+from shared.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +62,42 @@ class FunctionClient:
     def post_raw(self, headers: dict[str, str], body: bytes | str) -> Any:
         """Deliver arbitrary bytes (malformed-input tests)."""
         return self.client.post("/", headers=headers, data=body)
+
+
+@dataclasses.dataclass
+class LoggedFunction:
+    """A served function, the JSON log lines it wrote, and a poster of Pub/Sub payloads."""
+
+    function: FunctionClient
+    log: io.StringIO
+    sent: int = 0
+
+    def post(self, payload: bytes | None, message_id: str | None = None) -> Any:
+        """Deliver ``payload`` as a published message (binary mode); no ``data`` when None."""
+        self.sent += 1
+        message: dict[str, Any] = {
+            "messageId": message_id or str(1000 + self.sent),
+            "publishTime": "2026-01-05T10:00:00Z",
+            "attributes": {},
+        }
+        if payload is not None:
+            message["data"] = base64.b64encode(payload).decode()
+        return self.function.post_message(message)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON log lines whose ``event`` is ``name``."""
+        lines = [json.loads(line) for line in self.log.getvalue().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == name]
+
+
+@contextlib.contextmanager
+def served_function(target: str, settings: Settings, topic: str = "") -> Iterator[LoggedFunction]:
+    """``functions/<target>`` configured with ``settings`` (as a deploy would), logs captured."""
+    entry.reset_runtime(settings)
+    log = io.StringIO()
+    logs.configure(settings.project_id, stream=log)
+    try:
+        yield LoggedFunction(FunctionClient(target, settings.project_id, topic), log)
+    finally:
+        entry.reset_runtime(None)
+        logs.configure()

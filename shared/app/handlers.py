@@ -12,7 +12,8 @@ from typing import Any
 from shared.app.entry import Runtime
 from shared.core import logs
 from shared.events import envelope as events
-from shared.provisioning.provisioner import KNOWN_POOL_TTL_SECONDS, Outcome, Provisioner
+from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
+from shared.provisioning.provisioner import Outcome, Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
 from shared.provisioning.releaser import Releaser
 

@@ -13,7 +13,7 @@ import datetime
 import json
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from shared.core import labels, logs
@@ -29,32 +29,6 @@ from shared.core.settings import Settings
 log = logs.get("kube")
 
 JOBSET_PATH = f"/apis/{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
-
-
-class KubeAPI(Protocol):
-    """The Kubernetes calls the provision/release/reconcile services make. Objects are JSON dicts."""
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """One pod. Raises NotFoundError."""
-        ...
-
-    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
-        """Pods, optionally in one namespace and filtered by a label selector."""
-        ...
-
-    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
-        """One JobSet. Raises NotFoundError."""
-        ...
-
-    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """JobSets, optionally in one namespace."""
-        ...
-
-    def record_event(
-        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
-    ) -> None:
-        """Record a core/v1 Event about ``involved`` (an object dict with apiVersion/kind/metadata)."""
-        ...
 
 
 def _now() -> str:

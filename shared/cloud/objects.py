@@ -15,9 +15,8 @@ with :func:`call_retrying` before letting the delivery be retried by Pub/Sub.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from shared.cloud.kube import request_json
@@ -151,30 +150,6 @@ def describe(obj: Mapping[str, Any]) -> str:
     return f"{kind} {namespace + '/' if namespace else ''}{name}"
 
 
-class ObjectAPI(Protocol):
-    """Generic Kubernetes object calls. Objects are JSON dicts; errors are ``shared.core.errors``."""
-
-    kinds: KindRegistry
-
-    def apply(self, obj: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
-        """Server-side apply ``obj`` (created when missing) and return the object as stored."""
-        ...
-
-    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
-        """One object. Raises NotFoundError."""
-        ...
-
-    def list_objects(
-        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Objects of ``kind`` (in every namespace when ``namespace`` is empty), optionally filtered."""
-        ...
-
-    def delete(self, api_version: str, kind: str, name: str, namespace: str = "") -> None:
-        """Delete one object (dependents in the background). Raises NotFoundError."""
-        ...
-
-
 def webhook_not_ready(why: str) -> bool:
     """True when an API error's server message says an admission/conversion webhook is not serving."""
     _, server_said, detail = why.partition(": HTTP ")
@@ -254,55 +229,3 @@ class Bounds:
             webhook_retry=float(settings.setup_webhook_retry_seconds),
             poll=settings.setup_poll_interval_ms / 1000.0,
         )
-
-
-class Budget:
-    """A deadline shared by every wait and retry of one function call (clock and sleep injectable)."""
-
-    def __init__(
-        self,
-        seconds: float,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.clock = clock
-        self.sleep = sleep
-        self.deadline = clock() + seconds
-
-    def remaining(self) -> float:
-        """Seconds left, never negative."""
-        return max(0.0, self.deadline - self.clock())
-
-    def pause(self, seconds: float) -> None:
-        """Sleep ``seconds`` but never past the deadline."""
-        self.sleep(max(0.0, min(seconds, self.remaining())))
-
-
-def call_retrying(
-    call: Callable[[], T],
-    what: str,
-    budget: Budget,
-    window: float,
-    first_delay: float,
-    max_delay: float = 10.0,
-) -> T:
-    """Run ``call``; retry TransientErrors with doubling delays for at most ``window`` seconds.
-
-    The window and the budget both bound the retries; when they run out the last error is
-    re-raised (still a TransientError) so that the delivery is retried by Pub/Sub.
-    """
-    end = min(budget.deadline, budget.clock() + window)
-    delay = max(first_delay, 0.001)
-    attempts = 0
-    while True:
-        try:
-            return call()
-        except TransientError as exc:
-            attempts += 1
-            if budget.clock() + delay > end:
-                raise type(exc)(f"{what}: gave up after {attempts} attempt(s): {exc.why}") from None
-            logs.decision(
-                log, "kube.retry", f"{what} failed, retrying in {delay:.2f}s: {exc.why}", attempt=attempts
-            )
-            budget.pause(delay)
-            delay = min(delay * 2, max_delay)

@@ -9,6 +9,11 @@ Every failure that crosses a module boundary is one of two kinds:
 
 Library exceptions (google.api_core, kubernetes.client) are translated into these at the adapter;
 nothing above the adapters sees a library exception.
+
+Three decisions are not failures and never reach an entrypoint: ``NotEligible`` (the pod is not
+one the product acts on), ``Refused`` (it asks for something the product will not create; the
+reason becomes an Event) and ``Skip`` (the decoders ignore this input). They live here too so
+there is one place that lists every exception the product raises.
 """
 
 from __future__ import annotations
@@ -48,3 +53,30 @@ class RejectedError(PermanentError):
     def __init__(self, why: str, code: int = 400) -> None:
         super().__init__(why)
         self.code = code
+
+
+# -- decisions, not failures: caught by the service that raised them ---------------------------
+
+
+class NotEligible(Exception):
+    """The pod is not one the product acts on; ``why`` says which rule excluded it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class Refused(Exception):
+    """The pod asks for something the product will not create; ``why`` goes into an Event."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class Skip(Exception):
+    """Internal control flow: this input is to be ignored for ``reason``. Never escapes the decoders."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

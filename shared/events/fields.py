@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from shared.core.errors import InvalidInputError
+from shared.core.errors import InvalidInputError, Skip
 
 AUDIT_LOG_TYPE = "type.googleapis.com/google.cloud.audit.AuditLog"
 EVENTS_LOG_SUFFIX = "/logs/events"
@@ -50,14 +50,6 @@ _GCP_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
 )
-
-
-class Skip(Exception):
-    """Internal control flow: this input is to be ignored for ``reason``. Never escapes the decoders."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def clip(value: Any, limit: int = 100) -> str:

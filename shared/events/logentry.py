@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
+from shared.core.errors import Skip
 from shared.events.fields import (
     ACTIVITY_LOG_SUFFIXES,
     AUDIT_LOG_TYPE,
@@ -26,7 +27,6 @@ from shared.events.fields import (
     JOBSET_TERMINAL_REASONS,
     SCHEDULING_FAILURE_REASONS,
     ClusterId,
-    Skip,
     clip,
     cluster_from_labels,
     first_dict,

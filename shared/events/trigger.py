@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from shared.core.errors import InvalidInputError
-from shared.events.fields import AUDIT_LOG_TYPE, ClusterId, Skip, clip, cluster_from_labels
+from shared.core.errors import InvalidInputError, Skip
+from shared.events.fields import AUDIT_LOG_TYPE, ClusterId, clip, cluster_from_labels
 
 CREATE_CLUSTER_METHODS = (
     "google.container.v1.ClusterManager.CreateCluster",

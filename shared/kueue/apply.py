@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared.cloud.objects import Bounds, Budget, ObjectAPI, call_retrying, describe, object_key
+from shared.cloud.objects import Bounds, describe, object_key
+from shared.cloud.ports import ObjectAPI
+from shared.cloud.retry import Budget, call_retrying
 from shared.core import logs
 from shared.core.errors import InvalidInputError, NotFoundError, TransientError
 from shared.kueue.model import KueueConfig

@@ -11,28 +11,26 @@ import dataclasses
 import datetime
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from shared.cloud.kube import KubeAPI
+from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError
+from shared.core.errors import AlreadyExistsError, NotEligible, NotFoundError, Refused, RejectedError
 from shared.core.names import label_key_problem, label_value_problem
 from shared.core.settings import Settings
-from shared.provisioning.releaser import condition
+from shared.provisioning.known import KnownPools
 from shared.tpu import catalog
+from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
     STATUS_STOPPING,
-    NodePoolAPI,
     NodePoolInfo,
     NodePoolSpec,
 )
-from shared.tpu.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
+from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 log = logs.get("provision")
 
@@ -88,67 +86,6 @@ def managed_chips(pools: list[NodePoolInfo]) -> int:
     return total
 
 
-# How long an instance trusts that a pool it saw (or created) still exists. A burst of duplicate
-# events for a slice then costs one read (the pod) instead of two; a pool deleted meanwhile is
-# requested again by the first event after this window (or by reconcile).
-KNOWN_POOL_TTL_SECONDS = 30.0
-
-
-class KnownPools:
-    """Instance-local memory of pool names seen to exist, and one create attempt at a time per name.
-
-    Only ever answers "known to exist" for a pool that was listed alive (not ERROR/STOPPING) or
-    whose create GKE accepted (or answered 409) less than ``ttl`` seconds ago, so it can delay but
-    never suppress the create of a pool nobody has seen.
-    """
-
-    _PRUNE_AT = 4096  # entries; expired names are dropped when the map grows past this
-
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl = ttl
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._expiry: dict[str, float] = {}
-        self._flights: dict[str, tuple[threading.Lock, int]] = {}
-
-    def remember(self, name: str) -> None:
-        """Note that pool ``name`` exists now."""
-        if self.ttl <= 0:
-            return
-        with self._lock:
-            now = self._clock()
-            if len(self._expiry) >= self._PRUNE_AT:
-                self._expiry = {k: v for k, v in self._expiry.items() if v > now}
-            self._expiry[name] = now + self.ttl
-
-    def known(self, name: str) -> bool:
-        """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds."""
-        with self._lock:
-            return self._expiry.get(name, 0.0) > self._clock()
-
-    @contextmanager
-    def single_flight(self, name: str) -> Iterator[None]:
-        """Serialize list-and-create for one pool name within this instance.
-
-        Concurrent deliveries for the same slice (every host's pod, duplicates) would otherwise all
-        list before the first create lands and all send a create; GKE's 409 keeps that correct,
-        but each is a wasted call. Different names never wait on each other.
-        """
-        with self._lock:
-            lock, users = self._flights.get(name, (threading.Lock(), 0))
-            self._flights[name] = (lock, users + 1)
-        try:
-            with lock:
-                yield
-        finally:
-            with self._lock:
-                lock, users = self._flights[name]
-                if users <= 1:
-                    del self._flights[name]
-                else:
-                    self._flights[name] = (lock, users - 1)
-
-
 class Provisioner:
     """Turns pending TPU pods into node-pool create requests, within the guardrails."""
 
@@ -187,7 +124,7 @@ class Provisioner:
     def provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
         """Request the slice a pending pod needs (``pools``: a listing the caller already has)."""
         # Every decision line about this pod carries the JobSet it claims to belong to.
-        with logs.bound(**_jobset_field(pod)):
+        with logs.bound(**jobset_log_field(pod)):
             return self._provision_pod(pod, pools)
 
     def _provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None) -> Outcome:
@@ -249,7 +186,7 @@ class Provisioner:
             return self._done(
                 Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc)
             )
-        problem = jobset_problem(jobset, request)
+        problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
         outcome = self._create(pod, request, spec, shape, slice_desc, pools)
@@ -348,50 +285,6 @@ class Provisioner:
             log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
         )
         return outcome
-
-
-def _replicated_job(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
-    rjobs = (jobset.get("spec") or {}).get("replicatedJobs") or []
-    return next((dict(r) for r in rjobs if r.get("name") == name), None)
-
-
-def replicas_of(jobset: dict[str, Any], replicated_job: str) -> int:
-    """How many Jobs (slices) the JobSet's replicated job has; 1 when the spec does not say."""
-    try:
-        return max(1, int((_replicated_job(jobset, replicated_job) or {}).get("replicas", 1)))
-    except (TypeError, ValueError):
-        return 1
-
-
-def jobset_problem(jobset: dict[str, Any], request: SliceRequest) -> str:
-    """Why the pod's claimed JobSet must not get this slice now, or ""."""
-    meta = jobset.get("metadata") or {}
-    uid = str(meta.get("uid", ""))
-    if request.slice_id.jobset_uid and uid and uid != request.slice_id.jobset_uid:
-        return (
-            f"pod claims JobSet uid {request.slice_id.jobset_uid} but JobSet {meta.get('name')} has uid {uid}"
-        )
-    if meta.get("deletionTimestamp"):
-        return f"JobSet {meta.get('name')} is being deleted"
-    for terminal in ("Completed", "Failed"):
-        if condition(jobset, terminal):
-            return f"JobSet {meta.get('name')} is already {terminal}"
-    if (jobset.get("spec") or {}).get("suspend"):
-        return f"JobSet {meta.get('name')} is suspended"
-    if _replicated_job(jobset, request.slice_id.replicated_job) is None:
-        return f"JobSet {meta.get('name')} has no replicated job {request.slice_id.replicated_job!r}"
-    return ""
-
-
-def _jobset_field(pod: dict[str, Any]) -> dict[str, str]:
-    """``{"jobset": "namespace/name"}`` for a pod naming a JobSet (label or annotation), else {}."""
-    meta = pod.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(labels.JOBSET_NAME) or (meta.get("annotations") or {}).get(
-        labels.JOBSET_NAME
-    )
-    if not name:
-        return {}
-    return {"jobset": f"{meta.get('namespace') or 'default'}/{str(name)[:253]}"}  # annotations are unbounded
 
 
 def _ref(pod: dict[str, Any]) -> dict[str, Any]:

@@ -12,14 +12,14 @@ import dataclasses
 import datetime
 import logging
 
-from shared.cloud.kube import KubeAPI
+from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import TransientError
+from shared.core.errors import NotEligible, Refused, TransientError
 from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.releaser import Releaser, Verdict, is_managed, judge
-from shared.tpu.nodepools import STATUS_ERROR, NodePoolAPI, NodePoolInfo
-from shared.tpu.slices import NotEligible, Refused, slice_request
+from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
+from shared.tpu.slices import slice_request
 
 log = logs.get("reconcile")
 

@@ -13,11 +13,12 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from shared.cloud.kube import KubeAPI
+from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotFoundError, RejectedError, TransientError
 from shared.core.settings import Settings
-from shared.tpu.nodepools import STATUS_STOPPING, NodePoolAPI, NodePoolInfo
+from shared.tpu.jobsets import condition
+from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 
 log = logs.get("release")
 
@@ -42,14 +43,6 @@ def owned_by(pool: NodePoolInfo, namespace: str, name: str, uid: str = "") -> bo
     if name and pool.labels.get(labels.OWNER_NAME) != name:
         return False
     return not uid or pool.labels.get(labels.OWNER_UID) == uid
-
-
-def condition(jobset: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    """The JobSet's condition of type ``kind`` when its status is True."""
-    for cond in (jobset.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return dict(cond)
-    return None
 
 
 def _since(timestamp: str, now: datetime.datetime) -> float:

@@ -21,7 +21,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from shared.cloud.objects import Bounds, Budget, ObjectAPI, call_retrying, describe
+from shared.cloud.objects import Bounds, describe
+from shared.cloud.ports import ObjectAPI
+from shared.cloud.retry import Budget, call_retrying
 from shared.core import logs
 from shared.core.errors import NotFoundError, TransientError
 from shared.core.settings import Settings

@@ -1,19 +1,23 @@
-"""JobSet helpers: the pods a JobSet's controller creates, and the plan of pools a JobSet gets.
+"""All the product's JobSet knowledge: conditions, replicated jobs, a pod's JobSet, the pods it gets.
 
-``expand_pods`` mirrors what the JobSet and Job controllers put on each pod (labels, annotations,
-nodeSelector, requests), so ``tpuprov plan``, the sandbox's simulated controller and the tests all
-derive pools through the very code path the provision function runs on real pods.
+Pure functions over JSON dicts (no I/O):
+
+* reading a JobSet: ``condition``, ``replicated_job``, ``replicas_of``, ``jobset_problem``;
+* reading a pod's JobSet identity (JobSet labels, or annotations where labels are cut):
+  ``pod_jobset_value``, ``jobset_log_field``;
+* ``expand_pods`` mirrors what the JobSet and Job controllers put on each pod (labels, annotations,
+  nodeSelector, requests), so ``tpuprov plan``, the sandbox's simulated controller and the tests all
+  derive pools through the very code path the provision function runs on real pods.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 from shared.core import labels
-from shared.core.settings import Settings
-from shared.tpu.slices import NotEligible, Refused, build_node_pool, slice_request
+from shared.core.names import SliceId
 
 
 def _int(value: Any, default: int) -> int:
@@ -21,6 +25,12 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def pod_jobset_value(pod: Mapping[str, Any], key: str) -> Any:
+    """A JobSet identity key of a pod: its label, else its annotation (labels are cut at 63 chars)."""
+    meta = pod.get("metadata") or {}
+    return (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
 
 
 def expand_pods(
@@ -92,57 +102,50 @@ def expand_pods(
     return pods
 
 
-@dataclasses.dataclass(frozen=True)
-class PlannedPool:
-    """One line of ``tpuprov plan``: a pool the JobSet would get, or why a Job gets none."""
-
-    slice: str
-    pool: str = ""
-    machine_type: str = ""
-    node_count: int = 0
-    topology: str = ""
-    total_chips: int = 0
-    placement: str = ""
-    note: str = ""
+def condition(jobset: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The JobSet's condition of type ``kind`` when its status is True."""
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
 
 
-def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
-    """The pools ``jobset`` would get, one per slice, derived exactly as the provision function does."""
-    seen: dict[str, PlannedPool] = {}
-    result: list[PlannedPool] = []
-    for pod in expand_pods(jobset):
-        pod_labels = pod["metadata"]["labels"]
-        slice_desc = f"{pod_labels[labels.REPLICATED_JOB_NAME]}[{pod_labels[labels.JOB_INDEX]}]"
-        try:
-            request = slice_request(pod)
-            spec, shape = build_node_pool(settings, request)
-        except (NotEligible, Refused) as exc:
-            if slice_desc not in seen:
-                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
-                result.append(seen[slice_desc])
-            continue
-        if slice_desc in seen:
-            continue
-        placement = ""
-        if spec.placement:
-            placement = spec.placement.policy_name or f"{spec.placement.type} {spec.placement.tpu_topology}"
-        planned = PlannedPool(
-            slice=slice_desc,
-            pool=spec.name,
-            machine_type=spec.machine_type,
-            node_count=spec.node_count,
-            topology=shape.topology,
-            total_chips=shape.total_chips,
-            placement=placement,
-            note=" ".join(
-                part
-                for part in (
-                    "spot" if spec.spot else "",
-                    f"reservation {spec.reservation.value}" if spec.reservation else "",
-                )
-                if part
-            ),
-        )
-        seen[slice_desc] = planned
-        result.append(planned)
-    return result
+def replicated_job(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The spec of the JobSet's replicated job ``name``, or None."""
+    rjobs = (jobset.get("spec") or {}).get("replicatedJobs") or []
+    return next((dict(r) for r in rjobs if r.get("name") == name), None)
+
+
+def replicas_of(jobset: dict[str, Any], name: str) -> int:
+    """How many Jobs (slices) the JobSet's replicated job ``name`` has; 1 when the spec does not say."""
+    try:
+        return max(1, int((replicated_job(jobset, name) or {}).get("replicas", 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def jobset_problem(jobset: dict[str, Any], claimed: SliceId) -> str:
+    """Why the JobSet a pod claims (``claimed``) must not get that slice now, or ""."""
+    meta = jobset.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    if claimed.jobset_uid and uid and uid != claimed.jobset_uid:
+        return f"pod claims JobSet uid {claimed.jobset_uid} but JobSet {meta.get('name')} has uid {uid}"
+    if meta.get("deletionTimestamp"):
+        return f"JobSet {meta.get('name')} is being deleted"
+    for terminal in ("Completed", "Failed"):
+        if condition(jobset, terminal):
+            return f"JobSet {meta.get('name')} is already {terminal}"
+    if (jobset.get("spec") or {}).get("suspend"):
+        return f"JobSet {meta.get('name')} is suspended"
+    if replicated_job(jobset, claimed.replicated_job) is None:
+        return f"JobSet {meta.get('name')} has no replicated job {claimed.replicated_job!r}"
+    return ""
+
+
+def jobset_log_field(pod: Mapping[str, Any]) -> dict[str, str]:
+    """``{"jobset": "namespace/name"}`` for a pod naming a JobSet (label or annotation), else {}."""
+    name = pod_jobset_value(pod, labels.JOBSET_NAME)
+    if not name:
+        return {}
+    namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+    return {"jobset": f"{namespace}/{str(name)[:253]}"}  # annotations are unbounded

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Protocol
 
 # Node pool statuses as GKE reports them (google.container.v1.NodePool.Status).
 STATUS_PROVISIONING = "PROVISIONING"
@@ -104,35 +103,3 @@ class OperationInfo:
     operation_type: str = ""
     target: str = ""
     error: str = ""
-
-
-class NodePoolAPI(Protocol):
-    """The raw GKE calls the product makes. Adapters map library errors to ``shared.core.errors``.
-
-    ``cluster`` is always the full resource path ``projects/P/locations/L/clusters/C``. Mutating calls
-    return the operation's resource path and never wait for it: a function has seconds, GKE minutes.
-    """
-
-    def get_cluster(self, cluster: str) -> ClusterInfo:
-        """Fetch the cluster. Raises NotFoundError."""
-        ...
-
-    def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
-        """All node pools of the cluster."""
-        ...
-
-    def get_node_pool(self, cluster: str, name: str) -> NodePoolInfo:
-        """One node pool. Raises NotFoundError."""
-        ...
-
-    def create_node_pool(self, cluster: str, spec: NodePoolSpec, why: str) -> str:
-        """Start creating a pool. Raises AlreadyExistsError, RejectedError or TransientError."""
-        ...
-
-    def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
-        """Start deleting a pool. Raises NotFoundError, RejectedError or TransientError."""
-        ...
-
-    def get_operation(self, operation: str) -> OperationInfo:
-        """Fetch an operation by its resource path."""
-        ...

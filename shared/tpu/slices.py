@@ -11,26 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.core import labels
+from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId, label_key_problem, label_value_problem, pool_name
 from shared.core.settings import Settings
 from shared.tpu import catalog
+from shared.tpu.jobsets import expand_pods, pod_jobset_value
 from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
-
-
-class NotEligible(Exception):
-    """The pod is not one the product acts on; ``why`` says which rule excluded it."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
-
-
-class Refused(Exception):
-    """The pod asks for something the product will not create; ``why`` goes into an Event."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(why)
-        self.why = why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +98,16 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
     if _truthy(pod_labels.get(labels.OPT_OUT)) or _truthy(annotations.get(labels.OPT_OUT)):
         raise NotEligible(f"pod opted out with {labels.OPT_OUT}=true")
 
-    jobset = pod_labels.get(labels.JOBSET_NAME) or annotations.get(labels.JOBSET_NAME)
-    rjob = pod_labels.get(labels.REPLICATED_JOB_NAME) or annotations.get(labels.REPLICATED_JOB_NAME)
-    index = pod_labels.get(labels.JOB_INDEX) or annotations.get(labels.JOB_INDEX)
+    jobset = pod_jobset_value(pod, labels.JOBSET_NAME)
+    rjob = pod_jobset_value(pod, labels.REPLICATED_JOB_NAME)
+    index = pod_jobset_value(pod, labels.JOB_INDEX)
     if not (jobset and rjob and index is not None):
         raise NotEligible("pod does not belong to a JobSet")
     try:
         job_index = int(index)
     except ValueError:
         raise NotEligible(f"pod has a non-numeric {labels.JOB_INDEX}={index!r}") from None
-    jobset_uid = pod_labels.get(labels.JOBSET_UID) or annotations.get(labels.JOBSET_UID) or ""
+    jobset_uid = pod_jobset_value(pod, labels.JOBSET_UID) or ""
 
     chips = _tpu_chips(spec)
     if chips <= 0:
@@ -233,3 +219,59 @@ def build_node_pool(settings: Settings, request: SliceRequest) -> tuple[NodePool
         tags=settings.network_tags,
     )
     return spec, shape
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedPool:
+    """One line of ``tpuprov plan``: a pool the JobSet would get, or why a Job gets none."""
+
+    slice: str
+    pool: str = ""
+    machine_type: str = ""
+    node_count: int = 0
+    topology: str = ""
+    total_chips: int = 0
+    placement: str = ""
+    note: str = ""
+
+
+def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
+    """The pools ``jobset`` would get, one per slice, derived exactly as the provision function does."""
+    seen: dict[str, PlannedPool] = {}
+    result: list[PlannedPool] = []
+    for pod in expand_pods(jobset):
+        pod_labels = pod["metadata"]["labels"]
+        slice_desc = f"{pod_labels[labels.REPLICATED_JOB_NAME]}[{pod_labels[labels.JOB_INDEX]}]"
+        try:
+            request = slice_request(pod)
+            spec, shape = build_node_pool(settings, request)
+        except (NotEligible, Refused) as exc:
+            if slice_desc not in seen:
+                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
+                result.append(seen[slice_desc])
+            continue
+        if slice_desc in seen:
+            continue
+        placement = ""
+        if spec.placement:
+            placement = spec.placement.policy_name or f"{spec.placement.type} {spec.placement.tpu_topology}"
+        planned = PlannedPool(
+            slice=slice_desc,
+            pool=spec.name,
+            machine_type=spec.machine_type,
+            node_count=spec.node_count,
+            topology=shape.topology,
+            total_chips=shape.total_chips,
+            placement=placement,
+            note=" ".join(
+                part
+                for part in (
+                    "spot" if spec.spot else "",
+                    f"reservation {spec.reservation.value}" if spec.reservation else "",
+                )
+                if part
+            ),
+        )
+        seen[slice_desc] = planned
+        result.append(planned)
+    return result

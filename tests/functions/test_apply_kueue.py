@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
-import functions_framework
 import pytest
 import yaml
 
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.testing.fixtures import kube as fixtures_kube
-from shared.app import entry
-from shared.core import logs
+from sandbox.testing.fnclient import LoggedFunction, served_function
 from shared.core.settings import Settings
 from shared.kueue.config import DEFAULT_CONFIG
 from tests.paths import REPO
 
-SOURCE = REPO / "functions" / "apply_kueue" / "main.py"
 KUEUE = "kueue.x-k8s.io/v1beta2"
 MANAGED = "tpuprov.dev/managed-by=tpu-provisioner"
 WEBHOOK_DOWN = (
@@ -34,45 +27,8 @@ SEED = DEFAULT_CONFIG.read_bytes()
 MULTI = (REPO / "examples" / "kueue" / "multi-flavor.yaml").read_bytes()
 
 
-def _post(client: Any, payload: bytes | None, message_id: str) -> Any:
-    """POST a Pub/Sub messagePublished CloudEvent in Eventarc's binary content mode."""
-    message: dict[str, Any] = {
-        "messageId": message_id,
-        "publishTime": "2026-01-05T10:00:00Z",
-        "attributes": {},
-    }
-    if payload is not None:
-        message["data"] = base64.b64encode(payload).decode()
-    headers = {
-        "ce-specversion": "1.0",
-        "ce-type": "google.cloud.pubsub.topic.v1.messagePublished",
-        "ce-source": "//pubsub.googleapis.com/projects/test-proj/topics/tpuprov-kueue",
-        "ce-id": message_id,
-        "Content-Type": "application/json",
-    }
-    body = {"message": message, "subscription": "projects/test-proj/subscriptions/eventarc-kueue"}
-    return client.post("/", headers=headers, data=json.dumps(body))
-
-
-@dataclass
-class Function:
-    """The function app's test client and the JSON log lines it wrote."""
-
-    client: Any
-    log: io.StringIO
-    sent: int = 0
-
-    def post(self, payload: bytes | None) -> Any:
-        self.sent += 1
-        return _post(self.client, payload, message_id=str(2000 + self.sent))
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        lines = [json.loads(line) for line in self.log.getvalue().splitlines() if line.startswith("{")]
-        return [line for line in lines if line.get("event") == name]
-
-
 @contextlib.contextmanager
-def _function(server: KubeApiServer) -> Iterator[Function]:
+def _function(server: KubeApiServer) -> Iterator[LoggedFunction]:
     settings = Settings(
         project_id="test-proj",
         location="us-central2-b",
@@ -82,15 +38,8 @@ def _function(server: KubeApiServer) -> Iterator[Function]:
         setup_webhook_retry_seconds=1,
         setup_poll_interval_ms=10,
     )
-    entry.reset_runtime(settings)
-    log = io.StringIO()
-    logs.configure(settings.project_id, stream=log)
-    try:
-        app = functions_framework.create_app("apply_kueue", str(SOURCE), "cloudevent")
-        yield Function(app.test_client(), log)
-    finally:
-        entry.reset_runtime(None)
-        logs.configure()
+    with served_function("apply_kueue", settings, "tpuprov-kueue") as served:
+        yield served
 
 
 @pytest.fixture
@@ -106,7 +55,7 @@ def cluster() -> Iterator[KubeApiServer]:
 
 
 @pytest.fixture
-def function(cluster: KubeApiServer) -> Iterator[Function]:
+def function(cluster: KubeApiServer) -> Iterator[LoggedFunction]:
     """The function app as Cloud Run serves it, configured for ``cluster`` with tiny bounds."""
     with _function(cluster) as fn:
         yield fn
@@ -137,7 +86,9 @@ SEED_NAMES = [
 
 
 @pytest.mark.integration
-def test_an_empty_message_applies_the_packaged_default(function: Function, cluster: KubeApiServer) -> None:
+def test_an_empty_message_applies_the_packaged_default(
+    function: LoggedFunction, cluster: KubeApiServer
+) -> None:
     response = function.post(None)
     assert response.status_code == 200
     assert _managed(cluster) == SEED_NAMES
@@ -156,7 +107,7 @@ def test_an_empty_message_applies_the_packaged_default(function: Function, clust
 
 @pytest.mark.integration
 def test_a_yaml_message_replaces_the_configuration_and_prunes(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     assert function.post(MULTI).status_code == 200
     assert "ClusterQueue research" in _managed(cluster)
@@ -172,7 +123,7 @@ def test_a_yaml_message_replaces_the_configuration_and_prunes(
 
 @pytest.mark.integration
 def test_a_json_message_is_applied_and_a_repeat_changes_nothing(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     payload = json.dumps(yaml.safe_load(SEED)).encode()
     assert function.post(payload).status_code == 200
@@ -185,7 +136,7 @@ def test_a_json_message_is_applied_and_a_repeat_changes_nothing(
 
 @pytest.mark.integration
 def test_an_invalid_configuration_is_acknowledged_and_nothing_is_applied(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     assert function.post(SEED).status_code == 200
     cluster.clear_requests()
@@ -201,7 +152,7 @@ def test_an_invalid_configuration_is_acknowledged_and_nothing_is_applied(
 
 @pytest.mark.integration
 def test_a_missing_namespace_is_acknowledged_with_the_reason(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     payload = SEED.replace(b"namespace: default", b"namespace: team-z")
     assert function.post(payload).status_code == 200
@@ -212,7 +163,7 @@ def test_a_missing_namespace_is_acknowledged_with_the_reason(
 
 @pytest.mark.integration
 def test_kueue_webhook_errors_are_retried_then_handed_back(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     def cluster_queue_patch(method: str, path: str) -> bool:
         return method == "PATCH" and "/clusterqueues/" in path

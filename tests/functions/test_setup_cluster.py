@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import functions_framework
 import pytest
 
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.testing.fixtures import kube as fixtures_kube
-from shared.app import entry
-from shared.core import logs
+from sandbox.testing.fnclient import LoggedFunction, served_function
 from shared.core.errors import InvalidInputError
 from shared.core.settings import Settings
 from shared.events.trigger import parse_setup_payload
-from tests.paths import REPO
 
-SOURCE = REPO / "functions" / "setup_cluster" / "main.py"
 MANAGED = "projects/test-proj/locations/us-central2-b/clusters/test-cluster"
 NEW_CLUSTER = "projects/other-proj/locations/europe-west4/clusters/fresh-one"
 WEBHOOK_DOWN = (
@@ -122,27 +115,6 @@ def test_bad_payloads_are_invalid_input(payload: bytes, reason: str) -> None:
 # ----------------------------------------------------------------------------- over the wire
 
 
-def _post(client: Any, payload: bytes | None, message_id: str = "1001") -> Any:
-    """POST a Pub/Sub messagePublished CloudEvent in Eventarc's binary content mode."""
-    message: dict[str, Any] = {
-        "messageId": message_id,
-        "publishTime": "2026-01-05T10:00:00Z",
-        "attributes": {"origin": "test"},
-    }
-    if payload is not None:
-        message["data"] = base64.b64encode(payload).decode()
-    headers = {
-        "ce-specversion": "1.0",
-        "ce-type": "google.cloud.pubsub.topic.v1.messagePublished",
-        "ce-source": "//pubsub.googleapis.com/projects/test-proj/topics/tpuprov-setup",
-        "ce-id": message_id,
-        "ce-time": "2026-01-05T10:00:00Z",
-        "Content-Type": "application/json",
-    }
-    body = {"message": message, "subscription": "projects/test-proj/subscriptions/eventarc-setup"}
-    return client.post("/", headers=headers, data=json.dumps(body))
-
-
 @pytest.fixture
 def cluster() -> Iterator[KubeApiServer]:
     """An empty cluster API (no JobSet, no Kueue)."""
@@ -155,23 +127,8 @@ def cluster() -> Iterator[KubeApiServer]:
         server.stop()
 
 
-@dataclass
-class Function:
-    """The function app's test client and the JSON log lines it wrote."""
-
-    client: Any
-    log: io.StringIO
-
-    def post(self, payload: bytes | None, message_id: str = "1001") -> Any:
-        return _post(self.client, payload, message_id)
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        lines = [json.loads(line) for line in self.log.getvalue().splitlines() if line.startswith("{")]
-        return [line for line in lines if line.get("event") == name]
-
-
 @pytest.fixture
-def function(cluster: KubeApiServer) -> Iterator[Function]:
+def function(cluster: KubeApiServer) -> Iterator[LoggedFunction]:
     """The function app as Cloud Run serves it, configured for ``cluster`` with tiny bounds."""
     settings = Settings(
         project_id="test-proj",
@@ -183,15 +140,8 @@ def function(cluster: KubeApiServer) -> Iterator[Function]:
         setup_webhook_retry_seconds=1,
         setup_poll_interval_ms=10,
     )
-    entry.reset_runtime(settings)
-    log = io.StringIO()
-    logs.configure(settings.project_id, stream=log)
-    try:
-        app = functions_framework.create_app("setup_cluster", str(SOURCE), "cloudevent")
-        yield Function(app.test_client(), log)
-    finally:
-        entry.reset_runtime(None)
-        logs.configure()
+    with served_function("setup_cluster", settings, "tpuprov-setup") as served:
+        yield served
 
 
 def _deployment_version(cluster: KubeApiServer, namespace: str, name: str) -> str:
@@ -209,7 +159,7 @@ def _down(times: int) -> tuple[int, int, Any, str]:
 
 @pytest.mark.integration
 def test_manual_message_installs_then_a_rerun_changes_nothing(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     response = function.post(json.dumps({"cluster": MANAGED}).encode())
     assert response.status_code == 200
@@ -232,7 +182,7 @@ def test_manual_message_installs_then_a_rerun_changes_nothing(
 
 @pytest.mark.integration
 def test_cluster_creation_audit_entry_bootstraps_another_cluster(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     response = function.post(json.dumps(_audit_entry()).encode())
     assert response.status_code == 200
@@ -252,7 +202,7 @@ def test_cluster_creation_audit_entry_bootstraps_another_cluster(
     ids=["not-json", "bad-cluster-path", "empty-message"],
 )
 def test_bad_payload_is_logged_and_acknowledged(
-    function: Function, cluster: KubeApiServer, payload: bytes | None, logged: str
+    function: LoggedFunction, cluster: KubeApiServer, payload: bytes | None, logged: str
 ) -> None:
     response = function.post(payload)
     assert response.status_code == 200
@@ -263,7 +213,7 @@ def test_bad_payload_is_logged_and_acknowledged(
 
 @pytest.mark.integration
 def test_first_entry_of_the_creation_is_acknowledged_without_setup(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     response = function.post(json.dumps(_audit_entry(last=False)).encode())
     assert response.status_code == 200
@@ -274,7 +224,7 @@ def test_first_entry_of_the_creation_is_acknowledged_without_setup(
 
 @pytest.mark.integration
 def test_webhook_that_stays_down_answers_503_for_redelivery(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     cluster.fail_next(*_down(10_000))
     response = function.post(json.dumps({"cluster": MANAGED}).encode())
@@ -287,7 +237,7 @@ def test_webhook_that_stays_down_answers_503_for_redelivery(
 
 @pytest.mark.integration
 def test_webhook_that_recovers_is_retried_within_the_delivery(
-    function: Function, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeApiServer
 ) -> None:
     cluster.fail_next(*_down(2))
     response = function.post(json.dumps({"cluster": MANAGED}).encode())

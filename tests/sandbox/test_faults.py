@@ -26,20 +26,12 @@ from sandbox.testing.stack import (
 )
 from shared.core import labels
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    with Stack(FAST) as running:
-        yield running
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
 
 
 @pytest.fixture(autouse=True)
 def no_faults_left(stack: Stack) -> Iterator[None]:
-    start = len(stack.timeline.entries())
     yield
-    print(stack.timeline.render_from(start))  # shown by pytest when the test failed
     stack.gke.clear_faults()
     stack.gke.set_op_delay(FAST.gke_op_delay)
     stack.kube.set_down(False)

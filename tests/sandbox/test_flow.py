@@ -8,7 +8,6 @@ faults are in ``test_sandbox_faults.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,20 +29,7 @@ from sandbox.testing.stack import (
 )
 from shared.core import labels
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    with Stack(FAST) as running:
-        yield running
-
-
-@pytest.fixture(autouse=True)
-def timeline_on_failure(stack: Stack) -> Iterator[None]:
-    start = len(stack.timeline.entries())
-    yield
-    print(stack.timeline.render_from(start))  # shown by pytest when the test failed
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
 
 
 def _routed_pod_entries(stack: Stack, jobset: str) -> list[dict[str, Any]]:

@@ -12,19 +12,9 @@ from shared.core.errors import InvalidInputError, NotFoundError, TransientError
 from shared.kueue import config as kueue
 from shared.kueue.apply import KueueService
 from tests.paths import REPO
+from tests.unit.kueue.examples import TUTORIAL
 
-SEED_CONFIG = """
-flavors:
-  - {name: vlp-24, accelerator: tpu-v5-lite-podslice, topology: 2x4}
-clusterQueues:
-  - name: cluster-queue
-    preemption: {reclaimWithinCohort: Any, withinClusterQueue: LowerPriority}
-    quota: {vlp-24: 24}
-localQueues:
-  - {name: multislice-queue, namespace: default, clusterQueue: cluster-queue}
-priorityClasses:
-  - {name: low-priority, value: 100}
-"""
+SEED_CONFIG = TUTORIAL
 
 
 class FakeObjects:

@@ -14,22 +14,12 @@ from sandbox.testing.fixtures import kube as fixtures_kube
 from shared.kueue import config as kueue
 from shared.kueue.render import render, to_yaml
 from tests.paths import REPO
+from tests.unit.kueue.examples import TUTORIAL
 from tpuprov.commands import kueue as cli_kueue
 
 MANAGED = {"tpuprov.dev/managed-by": "tpu-provisioner"}
 
-SEED_CONFIG = """
-flavors:
-  - {name: vlp-24, accelerator: tpu-v5-lite-podslice, topology: 2x4}
-clusterQueues:
-  - name: cluster-queue
-    preemption: {reclaimWithinCohort: Any, withinClusterQueue: LowerPriority}
-    quota: {vlp-24: 24}
-localQueues:
-  - {name: multislice-queue, namespace: default, clusterQueue: cluster-queue}
-priorityClasses:
-  - {name: low-priority, value: 100}
-"""
+SEED_CONFIG = TUTORIAL
 
 SEED_OBJECTS: list[dict[str, Any]] = [
     {

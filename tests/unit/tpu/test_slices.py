@@ -6,11 +6,12 @@ import pytest
 
 from sandbox.testing.builders import tpu_jobset
 from shared.core import labels
+from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId
 from shared.core.settings import Settings
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
-from shared.tpu.slices import NotEligible, Refused, SliceRequest, build_node_pool, slice_request
+from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 UID = "0b9a1c3e-1111-4222-8333-444455556666"
 SETTINGS = Settings(

@@ -1,0 +1,98 @@
+"""The raw-API ports: what the domain services need from GKE and Kubernetes, as Protocols.
+
+Adapters (``shared.cloud.gke``, ``shared.cloud.kube``, ``shared.cloud.objects``) implement them over
+the Google and Kubernetes clients; the sandbox's fakes implement them over plain dicts. Every
+method raises only ``shared.core.errors`` types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
+
+if TYPE_CHECKING:
+    from shared.cloud.objects import KindRegistry
+
+
+class NodePoolAPI(Protocol):
+    """The raw GKE calls the product makes. Adapters map library errors to ``shared.core.errors``.
+
+    ``cluster`` is always the full resource path ``projects/P/locations/L/clusters/C``. Mutating calls
+    return the operation's resource path and never wait for it: a function has seconds, GKE minutes.
+    """
+
+    def get_cluster(self, cluster: str) -> ClusterInfo:
+        """Fetch the cluster. Raises NotFoundError."""
+        ...
+
+    def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
+        """All node pools of the cluster."""
+        ...
+
+    def get_node_pool(self, cluster: str, name: str) -> NodePoolInfo:
+        """One node pool. Raises NotFoundError."""
+        ...
+
+    def create_node_pool(self, cluster: str, spec: NodePoolSpec, why: str) -> str:
+        """Start creating a pool. Raises AlreadyExistsError, RejectedError or TransientError."""
+        ...
+
+    def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
+        """Start deleting a pool. Raises NotFoundError, RejectedError or TransientError."""
+        ...
+
+    def get_operation(self, operation: str) -> OperationInfo:
+        """Fetch an operation by its resource path."""
+        ...
+
+
+class KubeAPI(Protocol):
+    """The Kubernetes calls the provision/release/reconcile services make. Objects are JSON dicts."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod. Raises NotFoundError."""
+        ...
+
+    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by a label selector."""
+        ...
+
+    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """One JobSet. Raises NotFoundError."""
+        ...
+
+    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """JobSets, optionally in one namespace."""
+        ...
+
+    def record_event(
+        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
+    ) -> None:
+        """Record a core/v1 Event about ``involved`` (an object dict with apiVersion/kind/metadata)."""
+        ...
+
+
+class ObjectAPI(Protocol):
+    """Generic Kubernetes object calls. Objects are JSON dicts; errors are ``shared.core.errors``."""
+
+    kinds: KindRegistry
+
+    def apply(self, obj: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply ``obj`` (created when missing) and return the object as stored."""
+        ...
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        """One object. Raises NotFoundError."""
+        ...
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Objects of ``kind`` (in every namespace when ``namespace`` is empty), optionally filtered."""
+        ...
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str = "") -> None:
+        """Delete one object (dependents in the background). Raises NotFoundError."""
+        ...
