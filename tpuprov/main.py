@@ -1,4 +1,4 @@
-"""``tpuprov``: the product's command line (plan, catalog, decode, publish, kueue, sandbox, bench).
+"""``tpuprov``: the command line (plan, catalog, decode, publish, kueue, status, why, sandbox, bench).
 
 Each subcommand lives in its own ``tpuprov/commands/*.py`` module exposing ``register(subparsers)``.
 Those modules are light at import time: the sandbox, the benchmark and the Pub/Sub client are
@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tpuprov.commands import bench, catalog, decode, kueue, plan, publish, sandbox
+from tpuprov.commands import bench, catalog, decode, kueue, plan, publish, sandbox, status, why
 
 # Order is the order of `tpuprov --help`.
-SUBCOMMANDS = (plan, catalog, decode, publish, kueue, sandbox, bench)
+SUBCOMMANDS = (plan, catalog, decode, publish, kueue, status, why, sandbox, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,6 +62,8 @@ _BUILTIN_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("", "Secret", "secrets", True),
     ResourceKind("", "Service", "services", True),
     ResourceKind("", "Pod", "pods", True),
+    ResourceKind("", "Node", "nodes", False),
+    ResourceKind("", "Event", "events", True),
     ResourceKind("apps", "Deployment", "deployments", True),
     ResourceKind("rbac.authorization.k8s.io", "Role", "roles", True),
     ResourceKind("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", True),

@@ -1,0 +1,212 @@
+"""``tpuprov status`` and ``tpuprov why`` against the emulators: golden table and JSON, and explanations.
+
+The cluster is built the way the product builds it: pools are created through the production GKE
+adapter from the same derivation provision runs (``slice_request`` -> ``build_node_pool``), one of
+them stocks out in the GKE emulator, and pods, nodes and JobSets are objects in the Kubernetes API.
+JobSet uids are fixed and the clock is pinned, so names, ages and costs are stable. Set
+``UPDATE_GOLDEN=1`` to rewrite the golden files after an intended change (and review the diff).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.testing.builders import tpu_jobset
+from shared.cloud.gke import GkeNodePoolAPI
+from shared.core import labels
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.slices import build_node_pool, slice_request
+from tpuprov import status
+from tpuprov.cluster import ClusterView
+from tpuprov.main import main
+from tpuprov.why import explain
+
+pytestmark = pytest.mark.integration
+
+GOLDEN = Path(__file__).parent / "golden"
+NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
+CREATED = "2026-11-23T09:30:00Z"  # every pool was created 2.5 h before NOW
+
+
+def _uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012d}"
+
+
+def _completed(jobset: dict[str, Any]) -> dict[str, Any]:
+    jobset["status"] = {
+        "conditions": [
+            {
+                "type": "Completed",
+                "status": "True",
+                "reason": "AllJobsCompleted",
+                "lastTransitionTime": CREATED,
+            }
+        ]
+    }
+    return jobset
+
+
+def _node(name: str, pool: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {labels.NODEPOOL: pool, **(extra or {})}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+@pytest.fixture
+def cluster(world: Any) -> dict[str, Any]:
+    """Four JobSets' worth of pools in the states an operator meets, and a refused pod."""
+    api = GkeNodePoolAPI(endpoint=world.gke.url)
+    kube = world.kube
+    train = tpu_jobset(
+        "train", "team-a", replicas=1, accelerator="tpu-v5-lite-podslice", topology="2x4", uid=_uid(1)
+    )
+    done = _completed(
+        tpu_jobset(
+            "done", "team-a", replicas=1, accelerator="tpu-v5-lite-podslice", topology="2x4", uid=_uid(2)
+        )
+    )
+    gone = tpu_jobset(
+        "gone", "team-b", replicas=1, accelerator="tpu-v5-lite-podslice", topology="2x4", uid=_uid(3)
+    )
+    starved = tpu_jobset(
+        "starved", "team-b", replicas=1, accelerator="tpu-v6e-slice", topology="2x2", uid=_uid(4)
+    )
+    bad = tpu_jobset(
+        "bad",
+        "team-b",
+        replicas=1,
+        accelerator="tpu-v6e-slice",
+        topology="2x2",
+        uid=_uid(5),
+        selectors={"tpuprov.dev/jobset-name": "forged"},
+    )
+    # The API server assigns uids; the pools must be derived from the JobSets as stored.
+    train, done, starved, bad = (kube.put(js) for js in (train, done, starved, bad))
+    pools: dict[str, str] = {}
+    world.gke.set_op_delay(0)
+    for jobset in (train, done, gone, starved):
+        if jobset is starved:
+            world.gke.stockout(message="GCE_STOCKOUT: no capacity for ct6e-standard-4t in us-central2-b")
+        pod = expand_pods(jobset)[0]
+        spec, _ = build_node_pool(world.settings, slice_request(pod))
+        api.create_node_pool(world.settings.cluster_path, spec, "test")
+        pools[jobset["metadata"]["name"]] = spec.name
+    world.gke.finish_operations()
+    # train runs on its own pool, and one more of its pods on the deleted JobSet's (spot) pool.
+    train_pods = expand_pods(train, pending=False)
+    nodes = [_node(f"{pools[k]}-n{i}", pools[k]) for k in ("train", "done", "gone") for i in range(2)]
+    nodes[4]["metadata"]["labels"][labels.SPOT] = "true"
+    for node in nodes:
+        kube.put(node)
+    for i, pod in enumerate(train_pods):
+        pod["spec"]["nodeName"] = nodes[i]["metadata"]["name"]
+        pod["status"] = {"phase": "Running"}
+        kube.put(pod)
+    extra = expand_pods(train, pending=False)[0]
+    extra["metadata"]["name"] = "train-slice-0-extra"
+    extra["spec"]["nodeName"] = nodes[4]["metadata"]["name"]
+    extra["status"] = {"phase": "Running"}
+    kube.put(extra)
+    for jobset in (starved, bad):
+        kube.put(expand_pods(jobset)[0])
+    return {"pools": pools, "view": ClusterView(world.settings)}
+
+
+def _rows(view: ClusterView) -> list[status.PoolRow]:
+    pools = [dataclasses.replace(p, create_time=CREATED) for p in view.pools()]
+    return status.pool_rows(pools, view.jobsets(), view.pods(), view.nodes(), status.Prices.load(), NOW)
+
+
+def _golden(name: str, text: str) -> None:
+    # Pool names end in a hash of the JobSet's uid, which the API server assigns: mask it.
+    text = re.sub(r"(tpu-[a-z0-9-]+-)[0-9a-f]{8}\b", r"\1########", text)
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_status_table_matches_golden(cluster: dict[str, Any]) -> None:
+    _golden("status.txt", status.render_table(_rows(cluster["view"]), status.Prices.load()))
+
+
+def test_status_json_matches_golden(cluster: dict[str, Any]) -> None:
+    _golden("status.json", status.render_json(_rows(cluster["view"]), status.Prices.load()))
+
+
+def test_status_rows_say_who_owns_who_runs_and_what_leaks(cluster: dict[str, Any]) -> None:
+    rows = {r.owner: r for r in _rows(cluster["view"])}
+    assert rows["team-a/train"].running == ("team-a/train",) and not rows["team-a/train"].leak
+    assert rows["team-a/done"].owner_state == "completed" and rows["team-a/done"].leak
+    # The deleted JobSet's pool is busy with another JobSet's pod: not a leak.
+    assert rows["team-b/gone"].owner_state == "gone" and rows["team-b/gone"].running == ("team-a/train",)
+    assert not rows["team-b/gone"].leak and rows["team-b/gone"].capacity == "spot"
+    assert rows["team-b/starved"].state == "ERROR" and "GCE_STOCKOUT" in rows["team-b/starved"].message
+
+
+def test_status_command_json_and_leaks(
+    cluster: dict[str, Any], world: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    for key, value in {
+        "PROJECT_ID": world.settings.project_id,
+        "LOCATION": world.settings.location,
+        "CLUSTER_NAME": world.settings.cluster_name,
+        "GKE_API_ENDPOINT": world.gke.url,
+        "KUBE_API_ENDPOINT": world.kube.url,
+    }.items():
+        monkeypatch.setenv(key, value)
+    assert main(["status", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["totals"]["pools"] == 4 and doc["totals"]["leaks"] == 1
+    assert main(["status", "--leaks"]) == 1, "--leaks exits 1 when it finds one (for scripts and alerts)"
+    out = capsys.readouterr().out
+    assert cluster["pools"]["done"] in out and cluster["pools"]["train"] not in out
+
+
+def _why(view: ClusterView, namespace: str, name: str) -> str:
+    pod = {"apiVersion": "v1", "kind": "Pod", **view.pod(namespace, name)}
+    jobset_name = pod["metadata"]["labels"][labels.JOBSET_NAME]
+    return explain(
+        pod,
+        view.jobset(namespace, jobset_name),
+        view.events_about(pod),
+        view.pools(),
+        view.nodes(),
+        view.settings,
+    )
+
+
+def test_why_explains_each_case(cluster: dict[str, Any]) -> None:
+    view = cluster["view"]
+    running = _why(view, "team-a", "train-slice-0-0-r0")
+    assert "has its slice" in running and cluster["pools"]["train"] in running
+    stocked_out = _why(view, "team-b", "starved-slice-0-0-r0")
+    assert "GKE could not create its pool" in stocked_out and "GCE_STOCKOUT" in stocked_out
+    assert "reconcile" in stocked_out
+    refused = _why(view, "team-b", "bad-slice-0-0-r0")
+    assert refused.startswith("Pod team-b/bad-slice-0-0-r0 was refused a slice") and "reserved" in refused
+
+
+def test_why_command_for_a_jobset_and_a_missing_pod(
+    cluster: dict[str, Any], world: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    monkeypatch.setenv("PROJECT_ID", world.settings.project_id)
+    monkeypatch.setenv("LOCATION", world.settings.location)
+    monkeypatch.setenv("CLUSTER_NAME", world.settings.cluster_name)
+    monkeypatch.setenv("GKE_API_ENDPOINT", world.gke.url)
+    monkeypatch.setenv("KUBE_API_ENDPOINT", world.kube.url)
+    assert main(["why", "--jobset", "team-b/starved"]) == 0
+    assert "GCE_STOCKOUT" in capsys.readouterr().out
+    assert main(["why", "team-b/nope"]) == 2
+    assert "not found" in capsys.readouterr().err

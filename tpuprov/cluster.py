@@ -1,0 +1,90 @@
+"""Read-only access to a cluster for ``tpuprov status`` and ``why``, through the functions' own adapters.
+
+On a real cluster it uses Application Default Credentials exactly as the functions use their
+service identity (GKE looks up the cluster endpoint, the Kubernetes calls carry an OAuth token);
+against the sandbox the ``GKE_API_ENDPOINT``/``KUBE_API_ENDPOINT`` that ``tpuprov sandbox up``
+prints point both adapters at the emulators. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shared.cloud.gke import GkeNodePoolAPI
+from shared.cloud.kube import api_client_for
+from shared.cloud.objects import ApiClientObjects
+from shared.core import labels
+from shared.core.errors import NotFoundError
+from shared.core.settings import Settings
+from shared.tpu.nodepools import NodePoolInfo
+
+JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--project/--location/--cluster`` overriding the environment the functions read."""
+    parser.add_argument("--project", help="GCP project (default: $PROJECT_ID)")
+    parser.add_argument("--location", help="cluster location (default: $LOCATION)")
+    parser.add_argument("--cluster", help="cluster name (default: $CLUSTER_NAME)")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The functions' settings from the environment, with the command line's overrides."""
+    settings = Settings.from_env()
+    overrides = {
+        "project_id": getattr(args, "project", None),
+        "location": getattr(args, "location", None),
+        "cluster_name": getattr(args, "cluster", None),
+    }
+    return settings.with_overrides(**{k: v for k, v in overrides.items() if v})
+
+
+class ClusterView:
+    """The reads ``status`` and ``why`` need: pools from GKE; JobSets, pods, nodes, Events from Kubernetes."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.gke = GkeNodePoolAPI(endpoint=settings.gke_api_endpoint)
+        self.objects = ApiClientObjects(api_client_for(settings, lambda: self.gke))
+
+    def pools(self) -> list[NodePoolInfo]:
+        """Every node pool of the cluster (managed or not)."""
+        return self.gke.list_node_pools(self.settings.cluster_path)
+
+    def jobsets(self, namespace: str = "") -> list[dict[str, Any]]:
+        """JobSets, in one namespace or all."""
+        return self.objects.list_objects(JOBSET_API, "JobSet", namespace)
+
+    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One JobSet, or None when it does not exist."""
+        try:
+            return self.objects.get(JOBSET_API, "JobSet", name, namespace)
+        except NotFoundError:
+            return None
+
+    def pods(self, namespace: str = "", label_selector: str = "") -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by labels."""
+        return self.objects.list_objects("v1", "Pod", namespace, label_selector)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """One pod (raises NotFoundError)."""
+        return self.objects.get("v1", "Pod", name, namespace)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node of the cluster."""
+        return self.objects.list_objects("v1", "Node")
+
+    def events_about(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """Events whose involvedObject is ``obj`` (matched by kind, name and, when known, uid)."""
+        meta = obj.get("metadata") or {}
+        namespace = str(meta.get("namespace", "default"))
+        found = []
+        for event in self.objects.list_objects("v1", "Event", namespace):
+            involved = event.get("involvedObject") or {}
+            if involved.get("name") != meta.get("name") or involved.get("kind") != obj.get("kind"):
+                continue
+            if meta.get("uid") and involved.get("uid") and involved.get("uid") != meta.get("uid"):
+                continue
+            found.append(event)
+        return found

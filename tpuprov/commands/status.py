@@ -1,0 +1,61 @@
+"""``tpuprov status``: the managed TPU pools now, who owns them, who runs on them, what they cost."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tpuprov.cluster import add_cluster_arguments
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``status`` subcommand."""
+    parser = subparsers.add_parser(
+        "status",
+        help="managed TPU pools: owner, state, chips, capacity, who runs on them, estimated cost",
+        description="List every node pool tpu-provisioner manages on the cluster, with an estimated cost "
+        "from a price table (tpuprov/data/prices.yaml; override with --prices or $TPUPROV_PRICES).",
+    )
+    add_cluster_arguments(parser)
+    parser.add_argument("--leaks", action="store_true", help="only pools without a live owner or user")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    parser.add_argument("--prices", type=Path, default=None, help="price table (YAML) to estimate costs with")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input."""
+    from shared.core.errors import TpuProvError
+    from tpuprov import status
+    from tpuprov.cluster import ClusterView, settings_from
+
+    price_file = args.prices or (
+        Path(os.environ["TPUPROV_PRICES"]) if os.environ.get("TPUPROV_PRICES") else None
+    )
+    try:
+        prices = status.Prices.load(price_file) if price_file else status.Prices.load()
+    except (OSError, ValueError) as exc:
+        print(f"tpuprov status: {exc}", file=sys.stderr)
+        return 2
+    try:
+        view = ClusterView(settings_from(args))
+        rows = status.pool_rows(
+            view.pools(),
+            view.jobsets(),
+            view.pods(),
+            view.nodes(),
+            prices,
+            datetime.datetime.now(tz=datetime.UTC),
+        )
+    except TpuProvError as exc:
+        print(f"tpuprov status: {exc.why}", file=sys.stderr)
+        return 2
+    if args.leaks:
+        rows = [r for r in rows if r.leak]
+    render = status.render_json if args.output == "json" else status.render_table
+    sys.stdout.write(render(rows, prices))
+    return 1 if args.leaks and rows else 0

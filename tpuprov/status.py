@@ -1,0 +1,291 @@
+"""What ``tpuprov status`` shows: one row per managed TPU pool, who owns it, who runs on it, what it costs.
+
+Pure functions over what the adapters return (``NodePoolInfo`` from GKE, JSON dicts from Kubernetes),
+so the table and the JSON are tested on fixed inputs and the command only fetches and prints.
+A pool is a *leak* when nothing justifies it any more: its owner JobSet is gone, finished or replaced
+(another uid), and no live JobSet's pod runs on its nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.core import labels
+from shared.tpu import catalog
+from shared.tpu.jobsets import condition
+from shared.tpu.nodepools import NodePoolInfo
+
+DEFAULT_PRICES = Path(__file__).parent / "data" / "prices.yaml"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prices:
+    """USD (or ``currency``) per chip-hour by generation and capacity type."""
+
+    per_chip_hour: Mapping[str, Mapping[str, float]]
+    currency: str = "USD"
+
+    @classmethod
+    def load(cls, path: Path = DEFAULT_PRICES) -> Prices:
+        """Read a price file (the shape of ``tpuprov/data/prices.yaml``); raises ValueError when malformed."""
+        doc = yaml.safe_load(path.read_text()) or {}
+        table = doc.get("per_chip_hour")
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise ValueError(f"{path}: per_chip_hour must map generation -> capacity type -> price")
+        try:
+            clean = {str(g): {str(c): float(p) for c, p in row.items()} for g, row in table.items()}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: every price must be a number ({exc})") from None
+        return cls(clean, str(doc.get("currency", "USD")))
+
+    def per_hour(self, generation: str, capacity: str, chips: int) -> float | None:
+        """The hourly price of ``chips`` chips, or None when the table has no such entry."""
+        price = self.per_chip_hour.get(generation, {}).get(capacity.split(":", 1)[0])
+        return None if price is None else price * chips
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRow:
+    """One managed pool as ``tpuprov status`` reports it."""
+
+    name: str
+    owner: str  # namespace/name of the JobSet the pool's labels name
+    owner_state: str  # running | suspended | completed | failed | deleting | recreated | gone
+    state: str  # the GKE status
+    machine_type: str
+    nodes: int
+    chips: int
+    generation: str
+    capacity: str  # on-demand | spot | reservation:<name> | flex-start
+    zone: str
+    age_seconds: float | None
+    running: tuple[str, ...]  # namespace/name of each live JobSet with a pod on the pool's nodes
+    cost_per_hour: float | None
+    cost_so_far: float | None
+    leak: bool
+    message: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (the ``-o json`` shape, one object per pool)."""
+        out = dataclasses.asdict(self)
+        out["running"] = list(self.running)
+        return out
+
+
+def _machine_types() -> dict[str, tuple[str, int]]:
+    return {m.name: (a.generation, m.chips) for a in catalog.accelerators() for m in a.machine_types}
+
+
+def _parse_time(value: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def owner_state(pool: NodePoolInfo, jobset: Mapping[str, Any] | None) -> str:
+    """How the pool's owner JobSet stands: the question behind every release decision."""
+    if jobset is None:
+        return "gone"
+    meta = jobset.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return "deleting"
+    pool_uid = pool.labels.get(labels.OWNER_UID, "")
+    if pool_uid and meta.get("uid") and pool_uid != meta.get("uid"):
+        return "recreated"
+    for kind, state in (("Failed", "failed"), ("Completed", "completed")):
+        if condition(dict(jobset), kind):
+            return state
+    if (jobset.get("spec") or {}).get("suspend"):
+        return "suspended"
+    return "running"
+
+
+def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) -> str:
+    """On-demand, spot, flex-start or reservation:<name>, from the pool's and its nodes' labels."""
+    for source in (pool.labels, *node_labels):
+        if source.get(labels.RESERVATION_NAME):
+            return f"reservation:{source[labels.RESERVATION_NAME]}"
+        if str(source.get(labels.SPOT, "")).lower() == "true":
+            return "spot"
+        if str(source.get("cloud.google.com/gke-flex-start", "")).lower() == "true":
+            return "flex-start"
+    return "on-demand"
+
+
+def _live(jobset: Mapping[str, Any] | None) -> bool:
+    if jobset is None or (jobset.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return not (condition(dict(jobset), "Completed") or condition(dict(jobset), "Failed"))
+
+
+def pool_rows(
+    pools: Sequence[NodePoolInfo],
+    jobsets: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    prices: Prices,
+    now: datetime.datetime,
+) -> list[PoolRow]:
+    """One row per managed pool, sorted by owner then name."""
+    by_key = {
+        ((js.get("metadata") or {}).get("namespace", ""), (js.get("metadata") or {}).get("name", "")): js
+        for js in jobsets
+    }
+    node_pool: dict[str, str] = {}
+    node_labels: dict[str, list[Mapping[str, str]]] = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        pool_name = (meta.get("labels") or {}).get(labels.NODEPOOL, "")
+        node_pool[str(meta.get("name", ""))] = pool_name
+        node_labels.setdefault(pool_name, []).append(meta.get("labels") or {})
+    running: dict[str, set[str]] = {}
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        pool_name = node_pool.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+        meta = pod.get("metadata") or {}
+        jobset_name = (meta.get("labels") or {}).get(labels.JOBSET_NAME)
+        if not pool_name or not jobset_name:
+            continue
+        namespace = str(meta.get("namespace", "default"))
+        if _live(by_key.get((namespace, jobset_name))):
+            running.setdefault(pool_name, set()).add(f"{namespace}/{jobset_name}")
+    shapes = _machine_types()
+    rows = []
+    for pool in pools:
+        if pool.labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE:
+            continue
+        namespace = pool.labels.get(labels.OWNER_NAMESPACE, "")
+        name = pool.labels.get(labels.OWNER_NAME, "")
+        state = owner_state(pool, by_key.get((namespace, name)))
+        generation, chips_per_vm = shapes.get(pool.machine_type, ("?", 0))
+        chips = chips_per_vm * pool.node_count
+        capacity = capacity_of(pool, node_labels.get(pool.name, []))
+        created = _parse_time(pool.create_time)
+        age = (now - created).total_seconds() if created else None
+        hourly = prices.per_hour(generation, capacity, chips)
+        on_it = tuple(sorted(running.get(pool.name, set())))
+        rows.append(
+            PoolRow(
+                name=pool.name,
+                owner=f"{namespace}/{name}",
+                owner_state=state,
+                state=pool.status,
+                machine_type=pool.machine_type,
+                nodes=pool.node_count,
+                chips=chips,
+                generation=generation,
+                capacity=capacity,
+                zone=",".join(pool.node_locations),
+                age_seconds=age,
+                running=on_it,
+                cost_per_hour=None if hourly is None else round(hourly, 2),
+                cost_so_far=None if hourly is None or age is None else round(hourly * age / 3600, 2),
+                leak=state in ("gone", "completed", "failed", "deleting", "recreated") and not on_it,
+                message=pool.status_message,
+            )
+        )
+    return sorted(rows, key=lambda r: (r.owner, r.name))
+
+
+def totals(rows: Sequence[PoolRow]) -> dict[str, Any]:
+    """Pools, nodes, chips, cost per hour and so far, and leaks, over ``rows``."""
+    return {
+        "pools": len(rows),
+        "nodes": sum(r.nodes for r in rows),
+        "chips": sum(r.chips for r in rows),
+        "cost_per_hour": round(sum(r.cost_per_hour or 0.0 for r in rows), 2),
+        "cost_so_far": round(sum(r.cost_so_far or 0.0 for r in rows), 2),
+        "leaks": sum(1 for r in rows if r.leak),
+    }
+
+
+def _age(seconds: float | None) -> str:
+    # kubectl's AGE style: the two largest units
+    if seconds is None:
+        return "?"
+    s = max(0, int(seconds))
+    days, hours, minutes = s // 86400, s % 86400 // 3600, s % 3600 // 60
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m{s % 60}s" if minutes else f"{s}s"
+
+
+def _money(value: float | None, currency: str) -> str:
+    return "?" if value is None else f"{value:,.2f}" if currency == "USD" else f"{value:,.2f} {currency}"
+
+
+def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
+    """The kubectl-style table with a totals line; an explicit line when there is nothing."""
+    if not rows:
+        return "No managed TPU node pools.\n"
+    header = (
+        "POOL",
+        "OWNER",
+        "OWNER-STATE",
+        "STATE",
+        "MACHINE x NODES",
+        "CHIPS",
+        "CAPACITY",
+        "ZONE",
+        "AGE",
+        "RUNNING",
+        f"{prices.currency}/H",
+        f"{prices.currency} SO FAR",
+    )
+    body = [
+        (
+            r.name + (" (leak)" if r.leak else ""),
+            r.owner,
+            r.owner_state,
+            r.state,
+            f"{r.machine_type} x {r.nodes}",
+            str(r.chips),
+            r.capacity,
+            r.zone or "-",
+            _age(r.age_seconds),
+            ",".join(r.running) or "-",
+            _money(r.cost_per_hour, prices.currency),
+            _money(r.cost_so_far, prices.currency),
+        )
+        for r in rows
+    ]
+    sums = totals(rows)
+    body.append(
+        (
+            "TOTAL",
+            "",
+            "",
+            "",
+            f"{sums['nodes']} nodes",
+            str(sums["chips"]),
+            "",
+            "",
+            "",
+            f"{sums['leaks']} leaks",
+            _money(sums["cost_per_hour"], prices.currency),
+            _money(sums["cost_so_far"], prices.currency),
+        )
+    )
+    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
+    lines = [
+        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in (header, *body)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(rows: Sequence[PoolRow], prices: Prices) -> str:
+    """``-o json``: the rows, the totals and the currency, stable key order."""
+    doc = {"currency": prices.currency, "pools": [r.as_json() for r in rows], "totals": totals(rows)}
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,151 @@
+"""What ``tpuprov why`` says: one paragraph on why a pod has, or does not have, its TPU slice.
+
+It runs the provision function's own derivation (``slice_request``, ``jobset_problem``,
+``build_node_pool``) on the pod as the API shows it now, then reads the pool GKE reports under the
+derived name and the product's Events, so the answer and the product's behaviour cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.core import labels
+from shared.core.errors import NotEligible, Refused
+from shared.core.settings import Settings
+from shared.tpu import catalog
+from shared.tpu.jobsets import condition, jobset_problem
+from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.slices import build_node_pool, slice_request
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRODUCT_REASONS = (
+    labels.REASON_REQUESTED,
+    labels.REASON_REFUSED,
+    labels.REASON_FAILED,
+    labels.REASON_RELEASED,
+)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+
+
+def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
+    mine = [e for e in events if e.get("reason") in PRODUCT_REASONS or e.get("reason") == "FailedScheduling"]
+    if not mine:
+        return "No tpu-provisioner Events were recorded for it."
+    mine = sorted(mine, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))[-3:]
+    parts = []
+    for event in mine:
+        count = int(event.get("count") or 1)
+        times = f" (x{count})" if count > 1 else ""
+        parts.append(f"{event.get('reason')}{times}: {event.get('message', '')}")
+    return "Latest Events: " + "; ".join(parts) + "."
+
+
+def _pool_sentence(pool: NodePoolInfo, nodes_ready: int) -> str:
+    if pool.status == "RUNNING":
+        return (
+            f"Its pool {pool.name} ({pool.machine_type} x {pool.node_count}) is RUNNING with "
+            f"{nodes_ready}/{pool.node_count} nodes Ready, so the scheduler can bind it as soon as the "
+            f"nodes register; if it stays Pending, read its FailedScheduling message below."
+        )
+    if pool.status in ("PROVISIONING", "RECONCILING"):
+        return (
+            f"Its pool {pool.name} was requested and GKE is still creating it ({pool.status}); "
+            f"multi-host TPU pools take minutes."
+        )
+    if pool.status == "ERROR":
+        return (
+            f"GKE could not create its pool {pool.name}: {pool.status_message or 'status ERROR'}. "
+            f"The reconcile sweep deletes the failed pool and requests the slice again on its next run "
+            f"(every 5 minutes)."
+        )
+    if pool.status == "STOPPING":
+        return f"Its pool {pool.name} is being deleted; the slice is requested again once it is gone."
+    return f"Its pool {pool.name} is {pool.status}."
+
+
+def explain(
+    pod: Mapping[str, Any],
+    jobset: Mapping[str, Any] | None,
+    events: Sequence[Mapping[str, Any]],
+    pools: Sequence[NodePoolInfo],
+    nodes: Sequence[Mapping[str, Any]],
+    settings: Settings,
+) -> str:
+    """One paragraph: where the pod stands with respect to its TPU slice, and what happens next."""
+    who = f"Pod {_name(pod)}"
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    by_pool = {p.name: p for p in pools}
+    node_pool = {
+        str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {})
+        .get("labels", {})
+        .get(labels.NODEPOOL, "")
+        for n in nodes
+    }
+    tail = _events_line(events)
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return f"{who} has finished ({status.get('phase')}); it needs no slice any more. {tail}"
+    if spec.get("nodeName"):
+        pool_name = node_pool.get(str(spec["nodeName"]), "")
+        pool = by_pool.get(pool_name)
+        if pool is None:
+            return f"{who} runs on node {spec['nodeName']} (node pool {pool_name or 'unknown'}). {tail}"
+        owner = f"{pool.labels.get(labels.OWNER_NAMESPACE, '')}/{pool.labels.get(labels.OWNER_NAME, '')}"
+        managed = pool.labels.get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+        whose = (
+            f"a tpu-provisioner pool owned by JobSet {owner}"
+            if managed
+            else "a pool the product does not manage"
+        )
+        return f"{who} has its slice: it runs on node {spec['nodeName']} of {pool.name}, {whose}. {tail}"
+    try:
+        request = slice_request(pod)
+    except NotEligible as exc:
+        return f"{who} is not one tpu-provisioner acts on: {exc.why}. {tail}"
+    except Refused as exc:
+        return f"{who} was refused a slice: {exc.why}. Fix the pod spec; nothing is created for it. {tail}"
+    if jobset is None:
+        return (
+            f"{who} claims JobSet {request.slice_id.namespace}/{request.slice_id.jobset}, which does not "
+            f"exist; no pool is created for it. {tail}"
+        )
+    if (jobset.get("spec") or {}).get("suspend"):
+        queue = ((jobset.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        if queue and not condition(dict(jobset), "Completed"):
+            return (
+                f"{who} waits for Kueue: its JobSet {_name(jobset)} is suspended in queue {queue} until its "
+                f"quota fits; pools are requested once Kueue admits it. {tail}"
+            )
+    problem = jobset_problem(dict(jobset), request.slice_id)
+    if problem:
+        return f"{who} gets no new pool: {problem}. {tail}"
+    try:
+        pool_spec, shape = build_node_pool(settings, request)
+    except catalog.UnsupportedShape as exc:
+        return f"{who} asks for a TPU shape the catalog does not offer: {exc}. {tail}"
+    except Refused as exc:
+        return f"{who} was refused a slice: {exc.why}. {tail}"
+    pool = by_pool.get(pool_spec.name)
+    needs = f"It needs {shape.machine_type} x {shape.num_vms} ({shape.total_chips} chips, {shape.topology})."
+    if pool is None:
+        if settings.drain:
+            return f"{who}: {needs} Drain mode is on, so nothing is created. {tail}"
+        return (
+            f"{who}: {needs} No pool {pool_spec.name} exists yet: provision requests it on the pod's next "
+            f"FailedScheduling event, or the reconcile sweep does within 5 minutes. If neither happens, "
+            f"check the pending-tpu-pods log sink and the provision dead-letter topic. {tail}"
+        )
+    ready = sum(
+        1
+        for n in nodes
+        if node_pool.get(str((n.get("metadata") or {}).get("name"))) == pool.name
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (n.get("status") or {}).get("conditions") or []
+        )
+    )
+    return f"{who}: {needs} {_pool_sentence(pool, ready)} {tail}"
