@@ -76,6 +76,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     deleted.add_argument("--principal", default="", help="who deleted it (default: a placeholder user)")
 
     setup = kinds.add_parser("setup", help='{"cluster": ...}: install JobSet and Kueue (setup_cluster)')
+    setup.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="then follow the install on the cluster until JobSet and Kueue are Available (0: do not wait)",
+    )
 
     kueue = kinds.add_parser("kueue", help="a Kueue queue configuration (apply_kueue)")
     kueue.add_argument("-f", "--file", required=True, help="YAML or JSON configuration, - for stdin")
@@ -139,4 +146,58 @@ def run(args: argparse.Namespace, publisher: publish.Publisher | None = None) ->
         if owned and isinstance(client, publish.PubsubPublisher):
             client.close()
     print(f"published {result.kind} to {result.topic_path}: message id {result.message_id}")
+    if args.kind == "setup" and getattr(args, "wait", 0) > 0:
+        cluster = publish.cluster_id(args.cluster or "", args.project, args.location)
+        settings = Settings.from_env().with_overrides(
+            project_id=cluster.project, location=cluster.location, cluster_name=cluster.name
+        )
+        try:
+            return EXIT_OK if wait_for_setup(settings, args.wait) else EXIT_FAILED
+        except (PermanentError, TransientError) as exc:
+            print(f"tpuprov publish: cannot follow the install: {exc.why}", file=sys.stderr)
+            return EXIT_FAILED
     return EXIT_OK
+
+
+def _deployment_state(objects: Any, namespace: str, name: str, version: str) -> tuple[bool, str]:
+    """(installed at ``version`` and Available, what it looks like now) for one add-on controller."""
+    from shared.core.errors import NotFoundError
+    from shared.setup.manifests import VERSION_ANNOTATION
+
+    try:
+        deployment = objects.get("apps/v1", "Deployment", name, namespace)
+    except NotFoundError:
+        return False, "not installed yet"
+    installed = ((deployment.get("metadata") or {}).get("annotations") or {}).get(VERSION_ANNOTATION, "")
+    status = deployment.get("status") or {}
+    available = any(
+        c.get("type") == "Available" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    replicas = (
+        f"{status.get('availableReplicas', 0)}/{(deployment.get('spec') or {}).get('replicas', 1)} available"
+    )
+    if installed != version:
+        return False, f"{installed or 'unknown version'} installed, waiting for {version}"
+    return available, replicas
+
+
+def wait_for_setup(settings: Settings, timeout: float, progress: Any = None, poll: float = 2.0) -> bool:
+    """After a setup message: follow the install on the cluster until both controllers are Available."""
+    from shared.setup.manifests import JOBSET, KUEUE
+    from tpuprov.cluster import ClusterView
+    from tpuprov.progress import Progress
+
+    progress = progress or Progress()
+    objects = ClusterView(settings).objects
+    ok = True
+    for component, version in ((JOBSET, settings.jobset_version), (KUEUE, settings.kueue_version)):
+        ok = (
+            progress.wait_until(
+                f"Waiting for {component.name} {version} ({component.namespace}/{component.deployment})",
+                lambda c=component, v=version: _deployment_state(objects, c.namespace, c.deployment, v),
+                timeout,
+                poll,
+            )
+            and ok
+        )
+    return ok
