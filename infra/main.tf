@@ -105,15 +105,16 @@ data "google_project" "this" {
 }
 
 resource "google_project_service" "apis" {
-  for_each = toset([
+  for_each = toset(concat([
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "container.googleapis.com",
     "iam.googleapis.com",
     "logging.googleapis.com",
+    "monitoring.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",
-  ])
+  ], var.delivery == "eventarc" ? ["eventarc.googleapis.com"] : []))
 
   project = var.project_id
   service = each.value
@@ -154,6 +155,8 @@ module "function" {
   region                = var.region
   name                  = "${var.topic_prefix}-${replace(each.key, "_", "-")}"
   invoker_account_id    = "${var.topic_prefix}-${each.value.short}-push"
+  trigger_account_id    = "${var.topic_prefix}-${each.value.short}-trigger"
+  delivery              = var.delivery
   image                 = var.image
   function_source       = each.value.source
   function_target       = each.value.target

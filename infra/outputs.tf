@@ -19,8 +19,13 @@ output "service_urls" {
 }
 
 output "push_subscriptions" {
-  description = "Push subscription per function (retry policy and dead-lettering live here)."
-  value       = { for name, fn in module.function : name => fn.subscription_name }
+  description = "Push subscription per function (retry policy and dead-lettering live here); empty with delivery = \"eventarc\"."
+  value       = { for name, fn in module.function : name => fn.subscription_name if fn.subscription_name != null }
+}
+
+output "eventarc_subscriptions" {
+  description = "Subscription Eventarc created per function (delivery = \"eventarc\"); set its retry and dead-letter policy as infra/README.md shows."
+  value       = { for name, fn in module.function : name => fn.eventarc_subscription if fn.eventarc_subscription != null }
 }
 
 output "runtime_service_accounts" {
@@ -36,4 +41,9 @@ output "sink_writer_identities" {
 output "cluster" {
   description = "The cluster this deployment manages."
   value       = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
+}
+
+output "dashboard" {
+  description = "Resource name of the operations dashboard (projects/NUMBER/dashboards/ID)."
+  value       = google_monitoring_dashboard.operations.id
 }

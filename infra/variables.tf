@@ -147,6 +147,17 @@ variable "manifests_dir" {
 
 # --- Delivery ----------------------------------------------------------------------------------
 
+variable "delivery" {
+  type        = string
+  description = "How topic messages reach the functions: \"push\" (Terraform-owned push subscriptions with retry and dead-lettering) or \"eventarc\" (Eventarc triggers; see infra/README.md)."
+  default     = "push"
+
+  validation {
+    condition     = contains(["push", "eventarc"], var.delivery)
+    error_message = "delivery is \"push\" (the default) or \"eventarc\"."
+  }
+}
+
 variable "max_delivery_attempts" {
   type        = number
   description = "Deliveries of one message before Pub/Sub moves it to the function's dead-letter topic (5-100)."
@@ -174,4 +185,12 @@ variable "scheduler_time_zone" {
   type        = string
   description = "Time zone of reconcile_schedule."
   default     = "Etc/UTC"
+}
+
+# --- Monitoring --------------------------------------------------------------------------------
+
+variable "alert_notification_channels" {
+  type        = list(string)
+  description = "Notification channels (projects/P/notificationChannels/ID) every alert policy notifies; empty: incidents open in the console only."
+  default     = []
 }

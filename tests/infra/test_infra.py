@@ -341,7 +341,7 @@ def test_push_subscription_targets_its_service_with_retry_and_dead_letter() -> N
     assert push["push_endpoint"].startswith("${google_cloud_run_v2_service.this.uri}/")
     oidc = first(push["oidc_token"])
     assert oidc == {
-        "service_account_email": "${google_service_account.invoker.email}",
+        "service_account_email": "${google_service_account.invoker[0].email}",
         "audience": "${google_cloud_run_v2_service.this.uri}",
     }
     retry = first(sub["retry_policy"])
@@ -355,7 +355,7 @@ def test_push_subscription_targets_its_service_with_retry_and_dead_letter() -> N
     assert first(sub["expiration_policy"])["ttl"] == ""
     subscriber = fn.resource("google_pubsub_subscription_iam_member", "dead_letter_subscriber")
     assert (subscriber["subscription"], subscriber["role"], subscriber["member"]) == (
-        "${google_pubsub_subscription.push.name}",
+        "${google_pubsub_subscription.push[0].name}",
         "roles/pubsub.subscriber",
         "${var.pubsub_service_agent}",
     )
@@ -363,8 +363,19 @@ def test_push_subscription_targets_its_service_with_retry_and_dead_letter() -> N
     assert (invoker["name"], invoker["role"], invoker["member"]) == (
         "${google_cloud_run_v2_service.this.name}",
         "roles/run.invoker",
-        "serviceAccount:${google_service_account.invoker.email}",
+        "serviceAccount:${google_service_account.invoker[0].email}",
     )
+    # The push path is the default delivery; tests/infra/test_monitoring.py checks the eventarc one.
+    for type_, name in (
+        ("google_service_account", "invoker"),
+        ("google_cloud_run_v2_service_iam_member", "invoker"),
+        ("google_service_account_iam_member", "token_creator"),
+        ("google_pubsub_subscription", "push"),
+        ("google_pubsub_subscription_iam_member", "dead_letter_subscriber"),
+    ):
+        assert fn.resource(type_, name)["count"] == "${local.push ? 1 : 0}", (type_, name)
+    assert fn.locals["push"] == '${var.delivery == "push"}'
+    assert module().variables["delivery"]["default"] == "push"
     bounded = {name: body["retention"] for name, body in module().locals["functions"].items()}
     for name, retention in bounded.items():
         assert 600 <= int(retention.rstrip("s")) <= 7 * 86400, name

@@ -62,26 +62,39 @@ resource "google_cloud_run_v2_service" "this" {
   }
 }
 
+locals {
+  push     = var.delivery == "push"
+  eventarc = var.delivery == "eventarc"
+}
+
+# --- delivery = "push" (default): a Pub/Sub push subscription owned by Terraform --------------------
+
 # Pub/Sub authenticates its pushes with an OIDC token of this account; it may invoke this service
 # and nothing else.
 resource "google_service_account" "invoker" {
+  count = local.push ? 1 : 0
+
   project      = var.project_id
   account_id   = var.invoker_account_id
   display_name = "Pub/Sub push to ${var.name}"
 }
 
 resource "google_cloud_run_v2_service_iam_member" "invoker" {
+  count = local.push ? 1 : 0
+
   project  = var.project_id
   location = var.region
   name     = google_cloud_run_v2_service.this.name
   role     = "roles/run.invoker"
-  member   = "serviceAccount:${google_service_account.invoker.email}"
+  member   = "serviceAccount:${google_service_account.invoker[0].email}"
 }
 
 # The Pub/Sub service agent mints the OIDC tokens (required in projects created before April 2021,
 # harmless after).
 resource "google_service_account_iam_member" "token_creator" {
-  service_account_id = google_service_account.invoker.name
+  count = local.push ? 1 : 0
+
+  service_account_id = google_service_account.invoker[0].name
   role               = "roles/iam.serviceAccountTokenCreator"
   member             = var.pubsub_service_agent
 }
@@ -89,6 +102,8 @@ resource "google_service_account_iam_member" "token_creator" {
 # A subscription we own rather than an Eventarc trigger: Eventarc's managed subscription cannot
 # carry a retry policy or a dead-letter policy from Terraform (see infra/README.md).
 resource "google_pubsub_subscription" "push" {
+  count = local.push ? 1 : 0
+
   project                    = var.project_id
   name                       = "${var.name}-push"
   topic                      = var.topic_id
@@ -116,7 +131,7 @@ resource "google_pubsub_subscription" "push" {
     push_endpoint = "${google_cloud_run_v2_service.this.uri}/projects/${var.project_id}/topics/${var.topic_name}"
 
     oidc_token {
-      service_account_email = google_service_account.invoker.email
+      service_account_email = google_service_account.invoker[0].email
       audience              = google_cloud_run_v2_service.this.uri
     }
   }
@@ -129,8 +144,105 @@ resource "google_pubsub_subscription" "push" {
 
 # Dead-lettering needs the service agent to read (and ack) from the source subscription.
 resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
+  count = local.push ? 1 : 0
+
   project      = var.project_id
-  subscription = google_pubsub_subscription.push.name
+  subscription = google_pubsub_subscription.push[0].name
   role         = "roles/pubsub.subscriber"
   member       = var.pubsub_service_agent
+}
+
+# Deployments made before `delivery` existed keep their resources (no destroy/re-create).
+moved {
+  from = google_service_account.invoker
+  to   = google_service_account.invoker[0]
+}
+
+moved {
+  from = google_cloud_run_v2_service_iam_member.invoker
+  to   = google_cloud_run_v2_service_iam_member.invoker[0]
+}
+
+moved {
+  from = google_service_account_iam_member.token_creator
+  to   = google_service_account_iam_member.token_creator[0]
+}
+
+moved {
+  from = google_pubsub_subscription.push
+  to   = google_pubsub_subscription.push[0]
+}
+
+moved {
+  from = google_pubsub_subscription_iam_member.dead_letter_subscriber
+  to   = google_pubsub_subscription_iam_member.dead_letter_subscriber[0]
+}
+
+# --- delivery = "eventarc": an Eventarc trigger (Pub/Sub transport on the same topic) -----------
+# Eventarc creates and owns the push subscription; its retry and dead-letter settings are not
+# Terraform's (infra/README.md shows the `gcloud pubsub subscriptions update` to run after apply).
+# Exactly one of the two paths exists, so a message is never delivered twice.
+
+# The trigger's identity: Eventarc mints the OIDC tokens of its pushes as this account, which may
+# invoke this service and nothing else. Pub/Sub triggers need no roles/eventarc.eventReceiver.
+resource "google_service_account" "trigger" {
+  count = local.eventarc ? 1 : 0
+
+  project      = var.project_id
+  account_id   = var.trigger_account_id
+  display_name = "Eventarc trigger of ${var.name}"
+}
+
+resource "google_cloud_run_v2_service_iam_member" "trigger" {
+  count = local.eventarc ? 1 : 0
+
+  project  = var.project_id
+  location = var.region
+  name     = google_cloud_run_v2_service.this.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.trigger[0].email}"
+}
+
+# As for the push path: the Pub/Sub service agent mints the trigger account's tokens in projects
+# created before April 2021.
+resource "google_service_account_iam_member" "trigger_token_creator" {
+  count = local.eventarc ? 1 : 0
+
+  service_account_id = google_service_account.trigger[0].name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = var.pubsub_service_agent
+}
+
+resource "google_eventarc_trigger" "this" {
+  count = local.eventarc ? 1 : 0
+
+  project         = var.project_id
+  location        = var.region
+  name            = var.name
+  labels          = var.labels
+  service_account = google_service_account.trigger[0].email
+
+  matching_criteria {
+    attribute = "type"
+    value     = "google.cloud.pubsub.topic.v1.messagePublished"
+  }
+
+  destination {
+    cloud_run_service {
+      service = google_cloud_run_v2_service.this.name
+      region  = var.region
+    }
+  }
+
+  # The product's own topic (the sinks and the scheduler publish there), not one Eventarc creates.
+  transport {
+    pubsub {
+      topic = var.topic_id
+    }
+  }
+
+  depends_on = [
+    google_cloud_run_v2_service_iam_member.trigger,
+    google_service_account_iam_member.trigger_token_creator,
+  ]
 }

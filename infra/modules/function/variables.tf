@@ -15,7 +15,22 @@ variable "name" {
 
 variable "invoker_account_id" {
   type        = string
-  description = "Account id of the service account Pub/Sub authenticates as when pushing to the service."
+  description = "Account id of the service account Pub/Sub authenticates as when pushing to the service (delivery = \"push\")."
+}
+
+variable "trigger_account_id" {
+  type        = string
+  description = "Account id of the Eventarc trigger's service account (delivery = \"eventarc\")."
+}
+
+variable "delivery" {
+  type        = string
+  description = "\"push\": a Terraform-owned push subscription with retry and dead-lettering; \"eventarc\": an Eventarc trigger on the same topic."
+
+  validation {
+    condition     = contains(["push", "eventarc"], var.delivery)
+    error_message = "delivery is \"push\" or \"eventarc\"."
+  }
 }
 
 variable "image" {
