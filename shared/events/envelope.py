@@ -40,6 +40,7 @@ from shared.events.logentry import (
     Ignored,
     JobSetDeleted,
     JobSetFinished,
+    NodePoolOperationDone,
     PodUnschedulable,
     decode_log_entry,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Ignored",
     "JobSetDeleted",
     "JobSetFinished",
+    "NodePoolOperationDone",
     "PodUnschedulable",
     "decode_any",
     "decode_cloud_event",
@@ -252,6 +254,13 @@ def to_dict(decoded: Decoded) -> dict[str, Any]:
     if isinstance(event, Ignored):
         out["cluster"] = event.cluster.path if event.cluster else ""
         out["reason"] = event.reason
+    elif isinstance(event, NodePoolOperationDone):
+        out["cluster"] = event.cluster.path
+        out.update(pool=event.pool, method=event.method, failed=event.failed)
+        out["reason"] = (
+            f"{event.method} of {event.pool or 'a node pool'} {'failed' if event.failed else 'finished'}"
+        )
+        out["timestamp"] = format_timestamp(event.timestamp)
     else:
         out["cluster"] = event.cluster.path
         out["namespace"] = event.namespace

@@ -6,7 +6,10 @@ Kubernetes Events arrive as GKE's event exporter writes them: the core/v1 Event 
 entry ``timestamp`` set to the last occurrence). Events recorded through the events.k8s.io/v1
 API show up in the same core/v1 view (``reportingComponent``, ``action``, ``eventTime``); the
 native events.k8s.io names (``regarding``, ``note``) are accepted as well. JobSet deletions come
-from GKE's Admin Activity audit log (``protoPayload`` is a ``google.cloud.audit.AuditLog``).
+from GKE's Admin Activity audit log (``protoPayload`` is a ``google.cloud.audit.AuditLog``), and so
+do finished node-pool operations: GKE writes a long-running operation's audit entry twice, with
+``operation.first`` when it starts and ``operation.last`` when it ends; only the last one means a
+slot of the cluster's operation budget is free again.
 """
 
 from __future__ import annotations
@@ -82,6 +85,25 @@ class JobSetDeleted:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePoolOperationDone:
+    """A node-pool operation of the cluster ended (``failed`` when its status carries an error)."""
+
+    kind: ClassVar[str] = "nodepool-operation-done"
+    cluster: ClusterId
+    pool: str
+    method: str  # e.g. "CreateNodePool"
+    failed: bool
+    timestamp: datetime
+
+
+# Node-pool operations that hold one of the cluster's operation slots while they run.
+NODEPOOL_METHODS = frozenset(
+    {"CreateNodePool", "DeleteNodePool", "UpdateNodePool", "SetNodePoolSize", "SetNodePoolAutoscaling"}
+)
+NODEPOOL_RESOURCE_NAME = "/nodePools/"
+
+
+@dataclasses.dataclass(frozen=True)
 class Ignored:
     """Input the product does not act on, and why; ``cluster`` is set when it could be read."""
 
@@ -90,7 +112,7 @@ class Ignored:
     cluster: ClusterId | None = None
 
 
-Event = PodUnschedulable | JobSetFinished | JobSetDeleted | Ignored
+Event = PodUnschedulable | JobSetFinished | JobSetDeleted | NodePoolOperationDone | Ignored
 
 
 def decode_log_entry(entry: Any) -> Event:
@@ -232,10 +254,43 @@ def _jobset_event(
     )
 
 
-def _audit_event(entry: Mapping[str, Any], cluster: ClusterId, resource_type: Any) -> JobSetDeleted:
+def _nodepool_operation(
+    entry: Mapping[str, Any], proto: Mapping[str, Any], cluster: ClusterId, resource_type: Any
+) -> NodePoolOperationDone:
+    if resource_type != "gke_nodepool":
+        raise Skip(f"GKE audit entry logged against resource type {clip(resource_type)}")
+    method = proto.get("methodName")
+    verb = method.rsplit(".", 1)[-1] if isinstance(method, str) else ""
+    if verb not in NODEPOOL_METHODS:
+        raise Skip(f"GKE audit method {clip(method)} is not a node-pool operation")
+    operation = entry.get("operation")
+    if not isinstance(operation, Mapping) or operation.get("last") is not True:
+        raise Skip(f"{verb} has not finished yet (not the operation's last audit entry)")
+    resource_name = proto.get("resourceName")
+    pool = ""
+    if isinstance(resource_name, str) and NODEPOOL_RESOURCE_NAME in resource_name:
+        pool = resource_name.rsplit(NODEPOOL_RESOURCE_NAME, 1)[1]
+    status = proto.get("status")
+    code = status.get("code", 0) if isinstance(status, Mapping) else 0
+    return NodePoolOperationDone(
+        cluster=cluster,
+        pool=validate_name(pool, "node pool name") if pool else "",
+        method=verb,
+        failed=isinstance(code, int) and code != 0,
+        timestamp=_entry_time(entry, {}),
+    )
+
+
+def _audit_event(
+    entry: Mapping[str, Any], cluster: ClusterId, resource_type: Any
+) -> JobSetDeleted | NodePoolOperationDone:
     proto = entry["protoPayload"]
     if not isinstance(proto, Mapping) or proto.get("@type") != AUDIT_LOG_TYPE:
         raise Skip("protoPayload is not an AuditLog")
+    if proto.get("serviceName") == "container.googleapis.com" and log_name_matches(
+        entry.get("logName"), ACTIVITY_LOG_SUFFIXES
+    ):
+        return _nodepool_operation(entry, proto, cluster, resource_type)
     if proto.get("serviceName") != "k8s.io":
         raise Skip(f"audit entry from service {clip(proto.get('serviceName'))}, not k8s.io")
     if not log_name_matches(entry.get("logName"), ACTIVITY_LOG_SUFFIXES):

@@ -340,6 +340,46 @@ def jobset_delete_audit_entry(
     }
 
 
+def nodepool_operation_entry(
+    cluster: ClusterId,
+    pool: str,
+    method: str = "CreateNodePool",
+    operation: str = "",
+    last: bool = True,
+    status_code: int = 0,
+    principal: str = "tpu-provisioner@example.iam.gserviceaccount.com",
+    when: datetime | None = None,
+) -> dict[str, Any]:
+    """GKE's Admin Activity audit entry for a node-pool operation: its start, or with ``last`` its end."""
+    when = when or _now()
+    resource_name = (
+        f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}/nodePools/{pool}"
+    )
+    proto: dict[str, Any] = {
+        "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+        "authenticationInfo": {"principalEmail": principal},
+        "methodName": f"google.container.v1.ClusterManager.{method}",
+        "resourceName": resource_name,
+        "serviceName": "container.googleapis.com",
+    }
+    if status_code:
+        proto["status"] = {"code": status_code, "message": _GRPC_CODE_NAMES.get(status_code, "UNKNOWN")}
+    return {
+        "insertId": _uid(),
+        "logName": f"projects/{cluster.project}/logs/{ACTIVITY_LOG_ID}",
+        "operation": {
+            "id": operation or f"operation-{_uid()}",
+            "producer": "container.googleapis.com",
+            **({"last": True} if last else {"first": True}),
+        },
+        "protoPayload": proto,
+        "receiveTimestamp": format_timestamp(when + _RECEIVE_DELAY),
+        "resource": _resource(cluster, "gke_nodepool", nodepool_name=pool),
+        "severity": "ERROR" if status_code else "NOTICE",
+        "timestamp": format_timestamp(when),
+    }
+
+
 def text_marker_entry(cluster: ClusterId, text: str, when: datetime | None = None) -> dict[str, Any]:
     """A plain-text entry in the events log, like the exporter's "started watching" marker."""
     when = when or _now()

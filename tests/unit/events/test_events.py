@@ -16,6 +16,7 @@ from shared.events.envelope import (
     Event,
     Ignored,
     JobSetFinished,
+    NodePoolOperationDone,
     PodUnschedulable,
     decode_any,
     decode_cloud_event,
@@ -156,8 +157,41 @@ ENTRY_CASES: list[tuple[str, dict[str, Any], Event]] = [
     ),
     (
         "audit-other-service",
+        edit(audit_entry(), ("protoPayload.serviceName", "compute.googleapis.com")),
+        Ignored("audit entry from service 'compute.googleapis.com', not k8s.io", CLUSTER),
+    ),
+    (
+        "gke-audit-on-the-cluster-resource",
         edit(audit_entry(), ("protoPayload.serviceName", "container.googleapis.com")),
-        Ignored("audit entry from service 'container.googleapis.com', not k8s.io", CLUSTER),
+        Ignored("GKE audit entry logged against resource type 'k8s_cluster'", CLUSTER),
+    ),
+    (
+        "nodepool-create-finished",
+        le.nodepool_operation_entry(CLUSTER, "tpu-a", when=WHEN),
+        NodePoolOperationDone(CLUSTER, "tpu-a", "CreateNodePool", False, WHEN),
+    ),
+    (
+        "nodepool-delete-failed",
+        le.nodepool_operation_entry(CLUSTER, "tpu-a", "DeleteNodePool", status_code=9, when=WHEN),
+        NodePoolOperationDone(CLUSTER, "tpu-a", "DeleteNodePool", True, WHEN),
+    ),
+    (
+        "nodepool-create-started",
+        le.nodepool_operation_entry(CLUSTER, "tpu-a", last=False, when=WHEN),
+        Ignored("CreateNodePool has not finished yet (not the operation's last audit entry)", CLUSTER),
+    ),
+    (
+        "nodepool-read-is-no-operation",
+        le.nodepool_operation_entry(CLUSTER, "tpu-a", "GetNodePool", when=WHEN),
+        Ignored(
+            "GKE audit method 'google.container.v1.ClusterManager.GetNodePool' is not a node-pool operation",
+            CLUSTER,
+        ),
+    ),
+    (
+        "nodepool-hostile-pool-name",
+        le.nodepool_operation_entry(CLUSTER, "../../x", when=WHEN),
+        Ignored("node pool name '../../x' is not a valid Kubernetes name (DNS-1123 subdomain)", CLUSTER),
     ),
     (
         "audit-data-access-log",
