@@ -63,9 +63,10 @@ locals {
 
   # Log sink (file sinks/<key>.filter) -> the function whose topic it fills.
   sinks = {
-    "pending-tpu-pods" = "provision"
-    "jobset-lifecycle" = "release"
-    "cluster-created"  = "setup_cluster"
+    "pending-tpu-pods"    = "provision"
+    "nodepool-operations" = "provision"
+    "jobset-lifecycle"    = "release"
+    "cluster-created"     = "setup_cluster"
   }
 
   sink_template_vars = {

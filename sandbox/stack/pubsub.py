@@ -69,6 +69,7 @@ FUNCTIONS: tuple[FunctionWiring, ...] = (
 # sinks/<name>.filter -> the function whose topic the sink fills.
 SINKS: Mapping[str, str] = {
     "pending-tpu-pods": "provision",
+    "nodepool-operations": "provision",
     "jobset-lifecycle": "release",
     "cluster-created": "setup_cluster",
 }

@@ -38,6 +38,7 @@ WIRING = {
 }
 SINK_WIRING = {
     "pending-tpu-pods": "provision",
+    "nodepool-operations": "provision",
     "jobset-lifecycle": "release",
     "cluster-created": "setup_cluster",
 }

@@ -22,6 +22,7 @@ from shared.events.envelope import (
     ClusterId,
     JobSetDeleted,
     JobSetFinished,
+    NodePoolOperationDone,
     PodUnschedulable,
     decode_log_entry,
 )
@@ -34,7 +35,7 @@ OTHER_CLUSTER = ClusterId("sink-proj", "us-central2-b", "other-cluster")
 OTHER_PROJECT = ClusterId("elsewhere", "us-central2-b", "tpu-cluster")
 SUBS = {"project_id": CLUSTER.project, "location": CLUSTER.location, "cluster_name": CLUSTER.name}
 UID = "6f1c3c52-8b4e-4a57-9d1a-0c8f3b1e2d44"
-FILTER_NAMES = ("pending-tpu-pods", "jobset-lifecycle", "cluster-created")
+FILTER_NAMES = ("pending-tpu-pods", "nodepool-operations", "jobset-lifecycle", "cluster-created")
 
 
 def sink(name: str) -> LogFilter:
@@ -263,13 +264,36 @@ def test_cluster_created(build: Any, expected: bool) -> None:
     assert sink("cluster-created").matches(build()) is expected
 
 
+NODEPOOL_OPS = [
+    (lambda: logentries.nodepool_operation_entry(CLUSTER, "tpu-a"), True, "create-finished"),
+    (
+        lambda: logentries.nodepool_operation_entry(CLUSTER, "tpu-a", "DeleteNodePool"),
+        True,
+        "delete-finished",
+    ),
+    (lambda: logentries.nodepool_operation_entry(CLUSTER, "tpu-a", status_code=8), True, "create-failed"),
+    (lambda: logentries.nodepool_operation_entry(CLUSTER, "tpu-a", last=False), False, "create-started"),
+    (lambda: logentries.nodepool_operation_entry(CLUSTER, "tpu-a", "GetNodePool"), False, "read"),
+    (lambda: logentries.nodepool_operation_entry(OTHER_CLUSTER, "tpu-a"), False, "other-cluster"),
+    (lambda: logentries.jobset_delete_audit_entry(CLUSTER, "team-a", "train"), False, "k8s-audit"),
+]
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"), [c[:2] for c in NODEPOOL_OPS], ids=[c[2] for c in NODEPOOL_OPS]
+)
+def test_nodepool_operations(build: Any, expected: bool) -> None:
+    assert sink("nodepool-operations").matches(build()) is expected
+
+
 def test_every_exported_event_entry_decodes_to_the_functions_kind() -> None:
     """Sink and decoder agree: what the sinks export is what the functions act on."""
     kinds: dict[str, tuple[type, ...]] = {
         "pending-tpu-pods": (PodUnschedulable,),
+        "nodepool-operations": (NodePoolOperationDone,),
         "jobset-lifecycle": (JobSetFinished, JobSetDeleted),
     }
-    cases = {"pending-tpu-pods": PENDING, "jobset-lifecycle": LIFECYCLE}
+    cases = {"pending-tpu-pods": PENDING, "nodepool-operations": NODEPOOL_OPS, "jobset-lifecycle": LIFECYCLE}
     for name, table in cases.items():
         for build, expected, case_id in table:
             entry = build()
