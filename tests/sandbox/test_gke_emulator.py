@@ -314,6 +314,7 @@ def test_wire_format_enums_and_bad_requests(gke_emulator: GkeEmulator) -> None:
                 "initialNodeCount": 2,
                 "config": {"machineType": "ct5p-hightpu-4t"},
                 "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"},
+                "management": {"autoUpgrade": True, "autoRepair": True},
             }
         }
     ).encode()
