@@ -88,7 +88,9 @@ def _prepare(env: BenchEnv, probe: Probe, run: str) -> tuple[Delivery, Check]:
     if probe.kind == "first-create":
         return bench_env.binary_delivery(bench_env.pending_entry(pods[0])), _expect_create
     api = GkeNodePoolAPI(endpoint=env.gke.url)
-    spec, _ = build_node_pool(env.settings, slice_request(pods[0]), api.get_cluster(env.settings.cluster_path))
+    spec, _ = build_node_pool(
+        env.settings, slice_request(pods[0]), api.get_cluster(env.settings.cluster_path)
+    )
     api.create_node_pool(env.settings.cluster_path, spec, "bench setup")
     env.gke.finish_operations()
     env.complete(jobset)

@@ -104,7 +104,8 @@ class FakeGke:
             if self.release_channel and not spec.auto_upgrade:
                 # GKE's own wording (see sandbox/emulators/gke/rules.py).
                 raise RejectedError(
-                    f"400 Auto_upgrade cannot be false when release_channel {self.release_channel} is set.", 400
+                    f"400 Auto_upgrade cannot be false when release_channel {self.release_channel} is set.",
+                    400,
                 )
             pools[spec.name] = NodePoolInfo(
                 name=spec.name,

@@ -49,6 +49,7 @@ def unmanaged_pool(world):
         node_locations=("us-central2-b",),
         labels={},
         resource_labels={},
+        auto_upgrade=True,  # the world's cluster is in a release channel
     )
     GkeNodePoolAPI(endpoint=world.gke.url).create_node_pool(world.cluster_path, spec, "test setup")
     world.gke.finish_operations()

@@ -138,8 +138,14 @@ ACCEPTED = [
     ("cpu-pool", {"machine_type": "e2-standard-4", "nodes": 3, "topology": ""}),
     ("name-40-chars", {"name": "p" + "-0" * 19 + "z"}),
     ("good-reservation", {"reservation_key": "compute.googleapis.com/reservation-name"}),
-    ("v6e-hyperdisk", {"machine_type": "ct6e-standard-4t", "topology": "4x4", "disk_type": "hyperdisk-balanced"}),
-    ("v5p-pd-balanced", {"machine_type": "ct5p-hightpu-4t", "nodes": 2, "topology": "2x2x2", "disk_type": "pd-balanced"}),
+    (
+        "v6e-hyperdisk",
+        {"machine_type": "ct6e-standard-4t", "topology": "4x4", "disk_type": "hyperdisk-balanced"},
+    ),
+    (
+        "v5p-pd-balanced",
+        {"machine_type": "ct5p-hightpu-4t", "nodes": 2, "topology": "2x2x2", "disk_type": "pd-balanced"},
+    ),
     ("tpu7x-1t-single-host", {"machine_type": "tpu7x-standard-1t", "nodes": 1, "topology": ""}),
     ("spot-without-reservation", {"spot": True}),
 ]

@@ -78,7 +78,9 @@ class ClusterSeed:
         location = parts[3]
         if not locations:
             locations = (location,) if region_of(location) != location else (f"{location}-a",)
-        return cls(parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations), release_channel)
+        return cls(
+            parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations), release_channel
+        )
 
 
 @dataclasses.dataclass

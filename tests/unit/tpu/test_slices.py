@@ -363,7 +363,12 @@ def test_build_refuses_what_gke_would_reject(jobset_args, settings, why):
 REGULAR = ClusterInfo("c", "us-east5-b", "10.0.0.1", "", locations=("us-east5-b",), release_channel="REGULAR")
 NO_CHANNEL = ClusterInfo("c", "us-east5-b", "10.0.0.1", "", locations=("us-east5-b",))
 REGIONAL = ClusterInfo(
-    "c", "us-east5", "10.0.0.1", "", locations=("us-east5-a", "us-east5-b", "us-east5-c"), release_channel="STABLE"
+    "c",
+    "us-east5",
+    "10.0.0.1",
+    "",
+    locations=("us-east5-a", "us-east5-b", "us-east5-c"),
+    release_channel="STABLE",
 )
 TWO_ZONES = SETTINGS.with_overrides(location="us-east5", node_locations=("us-east5-b", "us-east5-c"))
 V6E_4X4 = {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4}
@@ -379,7 +384,11 @@ V5E_2X2_POOL = {"machine_type": "ct5lp-hightpu-4t", "node_count": 1, "labels": o
 
 CLUSTER_CASES = [
     pytest.param(
-        SETTINGS, REGULAR, V6E_4X4, {**V6E_4X4_POOL, "auto_upgrade": True}, id="release-channel-auto-upgrade-on"
+        SETTINGS,
+        REGULAR,
+        V6E_4X4,
+        {**V6E_4X4_POOL, "auto_upgrade": True},
+        id="release-channel-auto-upgrade-on",
     ),
     pytest.param(SETTINGS, NO_CHANNEL, V6E_4X4, V6E_4X4_POOL, id="no-channel-auto-upgrade-off"),
     pytest.param(SETTINGS, None, V6E_4X4, V6E_4X4_POOL, id="cluster-unknown-treated-as-no-channel"),
