@@ -87,8 +87,11 @@ def _prepare(env: BenchEnv, probe: Probe, run: str) -> tuple[Delivery, Check]:
     jobset, pods = env.submit(tpu_jobset(f"cold-{run}", "team-a", replicas=1, topology="2x2"))
     if probe.kind == "first-create":
         return bench_env.binary_delivery(bench_env.pending_entry(pods[0])), _expect_create
-    spec, _ = build_node_pool(env.settings, slice_request(pods[0]))
-    GkeNodePoolAPI(endpoint=env.gke.url).create_node_pool(env.settings.cluster_path, spec, "bench setup")
+    api = GkeNodePoolAPI(endpoint=env.gke.url)
+    spec, _ = build_node_pool(
+        env.settings, slice_request(pods[0]), api.get_cluster(env.settings.cluster_path)
+    )
+    api.create_node_pool(env.settings.cluster_path, spec, "bench setup")
     env.gke.finish_operations()
     env.complete(jobset)
     return bench_env.binary_delivery(bench_env.completion_entry(jobset)), _expect_delete

@@ -41,14 +41,13 @@ def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, A
     config = pool.get("config") or {}
     machine_type = str(config.get("machineType", ""))
     count = int(pool.get("initialNodeCount") or 0)
-    zones = list(pool.get("locations") or [])
+    # GKE's node count is per zone: a pool in two zones gets initialNodeCount nodes in each.
+    zones = list(pool.get("locations") or []) or [""]
     node_labels: dict[str, str] = {
         labels.NODEPOOL: name,
         "node.kubernetes.io/instance-type": machine_type,
         **{str(k): str(v) for k, v in (config.get("labels") or {}).items()},
     }
-    if zones:
-        node_labels["topology.kubernetes.io/zone"] = str(zones[0])
     capacity = {"cpu": "4", "memory": "16Gi", "pods": "110"}
     accelerator = catalog.accelerator_for_machine_type(machine_type)
     chips = catalog.machine_type_chips(machine_type) or 0
@@ -60,8 +59,9 @@ def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, A
         if config.get("spot"):
             node_labels[labels.SPOT] = "true"
     nodes = []
-    for index in range(count):
+    for index, zone in enumerate(z for z in zones for _ in range(count)):
         node_name = f"gke-{cluster_name}-{name}-{index}"
+        zone_label = {"topology.kubernetes.io/zone": zone} if zone else {}
         status: dict[str, Any] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
         status["conditions"] = with_condition(
             status, "Ready", True, "KubeletReady", "kubelet is posting ready status"
@@ -72,9 +72,9 @@ def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, A
                 "kind": "Node",
                 "metadata": {
                     "name": node_name,
-                    "labels": {**node_labels, "kubernetes.io/hostname": node_name},
+                    "labels": {**node_labels, **zone_label, "kubernetes.io/hostname": node_name},
                 },
-                "spec": {"providerID": f"gce://sandbox/{zones[0] if zones else 'zone'}/{node_name}"},
+                "spec": {"providerID": f"gce://sandbox/{zone or 'zone'}/{node_name}"},
                 "status": status,
             }
         )

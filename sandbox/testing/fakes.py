@@ -31,7 +31,10 @@ _INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234"
 class FakeGke:
     """``NodePoolAPI`` over a dict of pools; ``fail(method, kind, times)`` queues faults."""
 
-    def __init__(self) -> None:
+    def __init__(self, release_channel: str = "REGULAR", locations: tuple[str, ...] = ()) -> None:
+        """``release_channel`` "" models a cluster outside release channels (new clusters are REGULAR)."""
+        self.release_channel = release_channel
+        self.locations = locations
         self.pools: dict[str, dict[str, NodePoolInfo]] = {}
         self.specs: dict[str, NodePoolSpec] = {}
         self.calls: list[tuple[str, str]] = []
@@ -67,7 +70,14 @@ class FakeGke:
         """A fixed cluster description."""
         self._enter("get_cluster", cluster)
         name = cluster.rsplit("/", 1)[-1]
-        return ClusterInfo(name=name, location="", endpoint="127.0.0.1", ca_certificate="")
+        return ClusterInfo(
+            name=name,
+            location="",
+            endpoint="127.0.0.1",
+            ca_certificate="",
+            locations=self.locations,
+            release_channel=self.release_channel,
+        )
 
     def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
         """Pools of the cluster, in name order."""
@@ -91,6 +101,12 @@ class FakeGke:
             pools = self.pools.setdefault(cluster, {})
             if spec.name in pools:
                 raise AlreadyExistsError(f"409 node pool {spec.name} already exists")
+            if self.release_channel and not spec.auto_upgrade:
+                # GKE's own wording (see sandbox/emulators/gke/rules.py).
+                raise RejectedError(
+                    f"400 Auto_upgrade cannot be false when release_channel {self.release_channel} is set.",
+                    400,
+                )
             pools[spec.name] = NodePoolInfo(
                 name=spec.name,
                 status=STATUS_PROVISIONING,

@@ -36,14 +36,23 @@ def make_pool(
     policy_name: str = "",
     autoscaling: bool = False,
     reservation_key: str = "",
+    spot: bool = False,
+    disk_type: str = "",
+    auto_upgrade: bool = True,
+    auto_repair: bool = True,
 ) -> gke.NodePool:
-    """A NodePool message with just the fields the emulator's create rules look at."""
+    """A NodePool message with just the fields the emulator's create rules look at.
+
+    Auto-upgrade and auto-repair default to on, which every cluster accepts (the emulator's default
+    cluster is enrolled in a release channel, like a new GKE cluster).
+    """
     pool = gke.NodePool(
         name=name,
         initial_node_count=nodes,
         locations=list(locations),
-        config=gke.NodeConfig(machine_type=machine_type),
+        config=gke.NodeConfig(machine_type=machine_type, spot=spot, disk_type=disk_type),
         autoscaling=gke.NodePoolAutoscaling(enabled=autoscaling, max_node_count=4 if autoscaling else 0),
+        management=gke.NodeManagement(auto_upgrade=auto_upgrade, auto_repair=auto_repair),
     )
     if topology or policy_name:
         pool.placement_policy = gke.NodePool.PlacementPolicy(

@@ -109,7 +109,7 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
 
 
 def cluster_to_info(cluster: Any) -> ClusterInfo:
-    """Read how to reach the cluster's Kubernetes API off a ``container_v1.Cluster``."""
+    """Read how to reach the cluster, its zones and release channel off a ``container_v1.Cluster``."""
     return ClusterInfo(
         name=cluster.name,
         location=cluster.location,
@@ -117,7 +117,14 @@ def cluster_to_info(cluster: Any) -> ClusterInfo:
         ca_certificate=cluster.master_auth.cluster_ca_certificate,
         locations=tuple(cluster.locations),
         status=_enum_name(cluster.status),
+        release_channel=_release_channel(cluster),
     )
+
+
+def _release_channel(cluster: Any) -> str:
+    # An unenrolled cluster reports no release_channel or channel UNSPECIFIED (enum value 0).
+    channel = cluster.release_channel.channel
+    return "" if not int(channel) else _enum_name(channel)
 
 
 def operation_to_info(operation: Any, fallback_parent: str = "") -> OperationInfo:

@@ -29,6 +29,7 @@ SPOT = "cloud.google.com/gke-spot"
 RESERVATION_NAME = "cloud.google.com/reservation-name"
 RESERVATION_PROJECT = "cloud.google.com/reservation-project"
 TPU_RESOURCE = "google.com/tpu"
+ZONE = "topology.kubernetes.io/zone"  # well-known node label; a pod selecting it pins its slice's zone
 # Selectors under these prefixes are GKE's business; every other selector is copied to node labels.
 RESERVED_LABEL_PREFIXES = ("cloud.google.com/", "google.com/", "kubernetes.io/", "k8s.io/")
 

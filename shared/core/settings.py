@@ -14,6 +14,9 @@ from typing import Any
 from shared.core.errors import InvalidInputError
 
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+# The node boot disk types GKE offers (GKE "Configuring a custom boot disk"). Which of them a TPU
+# machine family supports is the catalog's business (shared.tpu.catalog.boot_disk_types).
+BOOT_DISK_TYPES = ("pd-balanced", "pd-standard", "pd-ssd", "hyperdisk-balanced")
 
 
 def _bool(raw: str, name: str) -> bool:
@@ -62,7 +65,7 @@ class Settings:
     oauth_scopes: tuple[str, ...] = DEFAULT_SCOPES
     max_pods_per_node: int = 0  # 0 = GKE default
     disk_size_gb: int = 100
-    disk_type: str = "pd-balanced"
+    disk_type: str = ""  # "" = the machine family's default boot disk (catalog.boot_disk_types)
     network_tags: tuple[str, ...] = ()
     tpu7x_workload_policy: str = ""  # named workload policy for multi-host tpu7x slices
 
@@ -86,6 +89,14 @@ class Settings:
     setup_timeout_seconds: int = 280
     setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
     setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
+
+    def __post_init__(self) -> None:
+        # A misspelled disk type would fail every create; say so at startup instead.
+        if self.disk_type and self.disk_type not in BOOT_DISK_TYPES:
+            raise InvalidInputError(
+                f"setting DISK_TYPE={self.disk_type!r} is not a GKE boot disk type; use one of "
+                f"{', '.join(BOOT_DISK_TYPES)}, or leave it unset for each TPU generation's default"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

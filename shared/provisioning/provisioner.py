@@ -27,6 +27,7 @@ from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
     STATUS_STOPPING,
+    ClusterInfo,
     NodePoolInfo,
     NodePoolSpec,
 )
@@ -102,6 +103,14 @@ class Provisioner:
         self.gke = gke
         self.kube = kube
         self.known_pools = KnownPools(known_pool_ttl, clock)
+        self._cluster: ClusterInfo | None = None
+
+    def cluster(self) -> ClusterInfo:
+        """The managed cluster (zones, release channel), read from GKE once per instance."""
+        if self._cluster is None:
+            # A failed read raises (TransientError -> redelivery); nothing is cached until one succeeds.
+            self._cluster = self.gke.get_cluster(self.settings.cluster_path)
+        return self._cluster
 
     # -- entry points -----------------------------------------------------------------------------
 
@@ -138,7 +147,7 @@ class Provisioner:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()
         try:
-            spec, shape = build_node_pool(self.settings, request)
+            spec, shape = build_node_pool(self.settings, request, self.cluster())
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc)
         refusal = label_problem(spec) or self._guardrail(request, shape.total_chips)
@@ -200,7 +209,7 @@ class Provisioner:
             sibling = dataclasses.replace(
                 request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
             )
-            sibling_spec, _ = build_node_pool(self.settings, sibling)
+            sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
             if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
                 continue
             if (

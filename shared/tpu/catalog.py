@@ -31,6 +31,7 @@ __all__ = [
     "UnsupportedShape",
     "accelerator_for_machine_type",
     "accelerators",
+    "boot_disk_types",
     "chips_per_vm_options",
     "machine_type_chips",
     "resolve",
@@ -83,6 +84,7 @@ class AcceleratorInfo:
     max_chips: int  # largest single slice
     topology_rule: str  # the same set, described in one line
     multi_host_placement: str  # placement of slices with more than one VM
+    boot_disk_types: tuple[str, ...] = ()  # boot disk types the VMs support; the first is the default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,8 @@ class _Generation:
     # this many chips. 0 means the listed topologies are the whole set.
     cube_max_chips: int
     multi_host_placement: str
+    # Boot disk types the machine family supports, the default first (see _DISKS_* below).
+    boot_disk_types: tuple[str, ...]
 
     @property
     def max_chips(self) -> int:
@@ -110,6 +114,15 @@ class _Generation:
 def _dims(topology: str) -> tuple[int, ...]:
     return tuple(int(part) for part in topology.split("x"))
 
+
+# Boot disks. Cloud TPU "Attach durable block storage to a TPU VM", supported-disk-types table: v4,
+# v5e and v5p VMs take Balanced Persistent Disk only; v6e VMs take Hyperdisk only (Balanced or ML,
+# and GKE boots nodes from Hyperdisk Balanced, the one Hyperdisk type its boot-disk list names:
+# GKE "Configuring a custom boot disk"). Compute refuses the other kind for the machine family.
+# Ironwood (tpu7x) is not in that table; like the other newest Compute families it boots from
+# Hyperdisk Balanced only (stated in this project's issue 12, not found verbatim in the docs).
+_DISKS_PD = ("pd-balanced",)
+_DISKS_HYPERDISK = ("hyperdisk-balanced",)
 
 # --- The tables. Each fact is restated from Google's documentation, cited per generation.
 _GENERATIONS: tuple[_Generation, ...] = (
@@ -127,6 +140,7 @@ _GENERATIONS: tuple[_Generation, ...] = (
         listed=("2x2x1", "2x2x2", "2x2x4", "2x4x4"),
         cube_max_chips=4096,
         multi_host_placement=PLACEMENT_COMPACT,
+        boot_disk_types=_DISKS_PD,
     ),
     # v5e. GKE "Plan TPUs in GKE", v5e table, and Cloud TPU "TPU v5e" supported 2D shapes:
     # 1x1 to 16x16 (256 chips at most); VMs carry 1, 4 or 8 chips. The 1-chip type only forms a
@@ -144,17 +158,22 @@ _GENERATIONS: tuple[_Generation, ...] = (
         listed=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         cube_max_chips=0,
         multi_host_placement=PLACEMENT_COMPACT,
+        boot_disk_types=_DISKS_PD,
     ),
     # v5p. GKE "Plan TPUs in GKE", v4/v5p table (same shape rules as v4, machine type
-    # ct5p-hightpu-4t). Cloud TPU "TPU v5p": the largest v5p slice is 16x16x24, 6144 chips.
+    # ct5p-hightpu-4t). Cloud TPU "TPU v5p": a v5p Pod holds 8960 chips; its configurations table
+    # lists common shapes up to 16x16x24 (6144 chips, the largest "scheduled job" it names) and
+    # says the list is not exhaustive. Full-pod slices such as 16x20x28 (8960 chips) and 12x24x24
+    # (6912) are in use, so the bound is the pod, not the table's largest row.
     _Generation(
         accelerator="tpu-v5p-slice",
         generation="v5p",
         dimensions=3,
         machine_types=(MachineTypeInfo("ct5p-hightpu-4t", 4),),
         listed=("2x2x1", "2x2x2", "2x2x4", "2x4x4"),
-        cube_max_chips=6144,
+        cube_max_chips=8960,
         multi_host_placement=PLACEMENT_COMPACT,
+        boot_disk_types=_DISKS_PD,
     ),
     # v6e. Cloud TPU "TPU v6e", supported-configurations table (topology, chips, VMs, GKE machine
     # type): 1x1 on ct6e-standard-1t; 2x2 on one ct6e-standard-4t; 2x4 on one ct6e-standard-8t
@@ -171,6 +190,7 @@ _GENERATIONS: tuple[_Generation, ...] = (
         listed=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         cube_max_chips=0,
         multi_host_placement=PLACEMENT_COMPACT,
+        boot_disk_types=_DISKS_HYPERDISK,
     ),
     # Ironwood. GKE "About TPUs in GKE": tpu7x topologies are 3-tuples like v4/v5p. GKE "Ironwood
     # (TPU7x) in GKE": each VM has four chips, and a multi-host pool is placed by a workload
@@ -188,6 +208,7 @@ _GENERATIONS: tuple[_Generation, ...] = (
         listed=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"),
         cube_max_chips=9216,
         multi_host_placement=PLACEMENT_WORKLOAD_POLICY,
+        boot_disk_types=_DISKS_HYPERDISK,
     ),
 )
 
@@ -376,6 +397,12 @@ def accelerator_for_machine_type(machine_type: str) -> str | None:
     return entry[0].accelerator if entry else None
 
 
+def boot_disk_types(machine_type: str) -> tuple[str, ...]:
+    """Boot disk types a TPU machine type supports, its default first; () for anything else."""
+    entry = _BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
+    return entry[0].boot_disk_types if entry else ()
+
+
 def _cube_topologies(max_chips: int) -> Iterator[tuple[int, int, int]]:
     # Count in units of 4 chips per side, so a <= b <= c and 64*a*b*c <= max_chips.
     limit = max_chips // 64
@@ -410,6 +437,7 @@ def accelerators() -> list[AcceleratorInfo]:
             max_chips=g.max_chips,
             topology_rule=_topology_rule(g),
             multi_host_placement=g.multi_host_placement,
+            boot_disk_types=g.boot_disk_types,
         )
         for g in _GENERATIONS
     ]

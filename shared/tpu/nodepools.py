@@ -61,7 +61,7 @@ class NodePoolSpec:
     oauth_scopes: tuple[str, ...] = ()
     max_pods_per_node: int = 0
     disk_size_gb: int = 100
-    disk_type: str = "pd-balanced"
+    disk_type: str = "pd-balanced"  # build_node_pool picks the machine family's default
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True
@@ -84,14 +84,17 @@ class NodePoolInfo:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
-    """The parts of a GKE cluster the product needs: how to reach its Kubernetes API."""
+    """The parts of a GKE cluster the product needs: how to reach it and what its pools must obey."""
 
     name: str
     location: str
     endpoint: str
     ca_certificate: str  # base64 PEM, as GKE returns it
-    locations: tuple[str, ...] = ()
+    locations: tuple[str, ...] = ()  # the cluster's zones
     status: str = ""
+    # RAPID / REGULAR / STABLE / EXTENDED, or "" when the cluster is not enrolled in a release
+    # channel. Enrolled clusters refuse node pools with auto-upgrade (or auto-repair) turned off.
+    release_channel: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from shared.core.names import SliceId, label_key_problem, label_value_problem, p
 from shared.core.settings import Settings
 from shared.tpu import catalog
 from shared.tpu.jobsets import expand_pods, pod_jobset_value
-from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
+from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +30,7 @@ class SliceRequest:
     spot: bool = False
     reservation: Reservation | None = None
     extra_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    zone: str = ""  # the pod's topology.kubernetes.io/zone selector, if any
 
     @property
     def pool_name(self) -> str:
@@ -130,6 +131,13 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         reservation = Reservation(
             selected[labels.RESERVATION_NAME], selected.get(labels.RESERVATION_PROJECT, "")
         )
+    spot = _truthy(selected.get(labels.SPOT, ""))
+    if spot and reservation is not None:
+        # Compute Engine never places Spot VMs on reserved capacity, so such a pool could not be built.
+        raise Refused(
+            f"pod selects both {labels.SPOT}=true and {labels.RESERVATION_NAME}={reservation.value}: "
+            "Spot VMs cannot consume reservations; select one or the other"
+        )
     extra: dict[str, str] = {}
     for key, value in sorted(selected.items()):
         if key.startswith(labels.RESERVED_LABEL_PREFIXES) or "kubernetes.io/" in key:
@@ -153,9 +161,10 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         accelerator=accelerator,
         topology=topology,
         chips_per_vm=chips,
-        spot=_truthy(selected.get(labels.SPOT, "")),
+        spot=spot,
         reservation=reservation,
         extra_labels=extra,
+        zone=selected.get(labels.ZONE, "").strip(),
     )
 
 
@@ -171,7 +180,7 @@ def ownership_labels(slice_id: SliceId) -> dict[str, str]:
     }
 
 
-def _zones(settings: Settings) -> tuple[str, ...]:
+def _configured_zones(settings: Settings) -> tuple[str, ...]:
     if settings.node_locations:
         return settings.node_locations
     # A zonal cluster's location is a zone (region-letter suffix); a regional one needs the setting.
@@ -180,8 +189,54 @@ def _zones(settings: Settings) -> tuple[str, ...]:
     raise Refused(f"cluster location {settings.location!r} is a region: set NODE_LOCATIONS to the TPU zone")
 
 
-def build_node_pool(settings: Settings, request: SliceRequest) -> tuple[NodePoolSpec, catalog.SliceShape]:
-    """The NodePool for a slice. Raises ``Refused`` for shapes GKE would reject."""
+def choose_zone(settings: Settings, request: SliceRequest, cluster: ClusterInfo | None = None) -> str:
+    """The one zone a slice's pool is created in.
+
+    GKE builds a slice in a single zone, and a pool's node count is per zone, so every pool gets
+    exactly one. The pod's ``topology.kubernetes.io/zone`` selector wins (it must be a configured
+    zone or one of the cluster's); otherwise the first zone of NODE_LOCATIONS (or the zonal
+    cluster's own zone). A reservation's zone is not looked up (that needs a Compute call): pods
+    consuming a reservation pin its zone with the selector, or it is listed first in NODE_LOCATIONS.
+    """
+    configured = _configured_zones(settings)
+    if not request.zone:
+        return configured[0]
+    allowed = tuple(dict.fromkeys((*configured, *(cluster.locations if cluster else ()))))
+    if request.zone not in allowed:
+        raise Refused(
+            f"pod selects {labels.ZONE}={request.zone}, which is not a zone of this cluster "
+            f"(zones: {', '.join(allowed)})"
+        )
+    return request.zone
+
+
+def boot_disk(settings: Settings, shape: catalog.SliceShape) -> str:
+    """DISK_TYPE, or the machine family's default boot disk; Refused if the family cannot boot from it.
+
+    Refused (an Event on the JobSet) rather than a startup error: one deployment serves every TPU
+    generation, and a DISK_TYPE one generation cannot use must not stop the others.
+    """
+    supported = catalog.boot_disk_types(shape.machine_type)
+    if not settings.disk_type:
+        return supported[0]
+    if settings.disk_type not in supported:
+        raise Refused(
+            f"DISK_TYPE={settings.disk_type} is not supported by {shape.machine_type} ({shape.generation}) "
+            f"VMs, which boot from {', '.join(supported)}; unset DISK_TYPE to use each generation's default"
+        )
+    return settings.disk_type
+
+
+def build_node_pool(
+    settings: Settings, request: SliceRequest, cluster: ClusterInfo | None = None
+) -> tuple[NodePoolSpec, catalog.SliceShape]:
+    """The NodePool for a slice. Raises ``Refused`` for shapes GKE would reject.
+
+    ``cluster`` (from ``get_cluster``) decides upgrades: a cluster enrolled in a release channel
+    only accepts pools with auto-upgrade and auto-repair on; without one auto-upgrade stays off so
+    that GKE never recreates a running slice's VMs. ``None`` (e.g. ``tpuprov plan``) means unknown
+    and is treated as "no release channel".
+    """
     try:
         shape = catalog.resolve(request.accelerator, request.topology, request.chips_per_vm)
     except catalog.UnsupportedShape as exc:
@@ -205,7 +260,7 @@ def build_node_pool(settings: Settings, request: SliceRequest) -> tuple[NodePool
         name=request.pool_name,
         machine_type=shape.machine_type,
         node_count=shape.num_vms,
-        node_locations=_zones(settings),
+        node_locations=(choose_zone(settings, request, cluster),),
         labels=node_labels,
         resource_labels=resource_labels,
         placement=placement,
@@ -215,8 +270,10 @@ def build_node_pool(settings: Settings, request: SliceRequest) -> tuple[NodePool
         oauth_scopes=settings.oauth_scopes,
         max_pods_per_node=settings.max_pods_per_node,
         disk_size_gb=settings.disk_size_gb,
-        disk_type=settings.disk_type,
+        disk_type=boot_disk(settings, shape),
         tags=settings.network_tags,
+        auto_upgrade=bool(cluster and cluster.release_channel),
+        auto_repair=True,
     )
     return spec, shape
 

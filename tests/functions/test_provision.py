@@ -67,8 +67,10 @@ def test_pending_pod_creates_exactly_the_right_pool(world, fn, mode):
     assert pool["config"]["labels"][labels.OWNER_UID] == jobset["metadata"]["uid"]
     assert pool["config"]["labels"][labels.MANAGED_BY] == labels.MANAGED_BY_VALUE
     assert pool.get("autoscaling", {}).get("enabled", False) is False
-    assert pool["management"]["autoRepair"] is True
-    assert pool["management"].get("autoUpgrade", False) is False
+    # The world's cluster is enrolled in REGULAR (GKE's default), which requires both on.
+    assert pool["management"] == {"autoUpgrade": True, "autoRepair": True}
+    assert pool["config"]["diskType"] == "hyperdisk-balanced"  # v6e boots from Hyperdisk only
+    assert pool["locations"] == ["us-central2-b"]
     [event] = events_with(world, labels.REASON_REQUESTED)
     assert pool["name"] in event["message"] and event["involvedObject"]["name"] == pods[0]["metadata"]["name"]
 

@@ -31,8 +31,9 @@ def with_pools(world, name, replicas=2, namespace="team-a"):
     stored = world.kube.put(jobset)
     api = GkeNodePoolAPI(endpoint=world.gke.url)
     made = set()
+    cluster = api.get_cluster(world.cluster_path)
     for pod in expand_pods(stored):
-        spec, _ = build_node_pool(world.settings, slice_request(pod))
+        spec, _ = build_node_pool(world.settings, slice_request(pod), cluster)
         if spec.name not in made:
             api.create_node_pool(world.cluster_path, spec, "test setup")
             made.add(spec.name)
@@ -48,6 +49,7 @@ def unmanaged_pool(world):
         node_locations=("us-central2-b",),
         labels={},
         resource_labels={},
+        auto_upgrade=True,  # the world's cluster is in a release channel
     )
     GkeNodePoolAPI(endpoint=world.gke.url).create_node_pool(world.cluster_path, spec, "test setup")
     world.gke.finish_operations()

@@ -67,7 +67,8 @@ class Cluster:
 
     def provision(self, pod: dict[str, Any]) -> str:
         """Create the pod's slice pool exactly as the provision function would."""
-        spec, _ = build_node_pool(SETTINGS, slice_request(pod))
+        cluster = self.adapter.get_cluster(SETTINGS.cluster_path)
+        spec, _ = build_node_pool(SETTINGS, slice_request(pod), cluster)
         self.adapter.create_node_pool(SETTINGS.cluster_path, spec, "test")
         return spec.name
 

@@ -18,6 +18,7 @@ import pytest
 from google.api_core import exceptions as core
 from google.cloud import container_v1 as gke
 
+from sandbox.cluster.nodes import node_objects
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.testing.gke import FakeClock, make_pool, raw, rest_client
 from tests.paths import REPO
@@ -77,6 +78,42 @@ REJECTED = [
     ("multi-host-two-zones", {"locations": (ZONE, "us-central2-c")}, "exactly one zone"),
     ("topology-on-cpu-pool", {"machine_type": "e2-standard-4", "nodes": 2, "topology": "2x2"}, "only for"),
     ("bad-reservation-key", {"nodes": 1, "topology": "", "reservation_key": "res"}, "reservation-name"),
+    # The rules of issue 12, each with GKE's (or Compute's) own wording where it could be found.
+    (
+        "auto-upgrade-off-on-release-channel",
+        {"auto_upgrade": False},
+        "Auto_upgrade cannot be false when release_channel REGULAR is set.",
+    ),
+    (
+        "auto-repair-off-on-release-channel",
+        {"auto_repair": False},
+        "Auto_repair cannot be false when release_channel REGULAR is set.",
+    ),
+    (
+        "pd-balanced-boot-disk-on-v6e",
+        {"machine_type": "ct6e-standard-4t", "disk_type": "pd-balanced"},
+        "[pd-balanced, ct6e-standard-4t] features are not compatible for creating instance.",
+    ),
+    (
+        "pd-balanced-boot-disk-on-tpu7x",
+        {"machine_type": "tpu7x-standard-4t", "topology": "2x2x4", "disk_type": "pd-balanced"},
+        "[pd-balanced, tpu7x-standard-4t] features are not compatible",
+    ),
+    (
+        "hyperdisk-boot-disk-on-v5e",
+        {"disk_type": "hyperdisk-balanced"},
+        "[hyperdisk-balanced, ct5lp-hightpu-4t] features are not compatible",
+    ),
+    (
+        "spot-consuming-a-reservation",
+        {"spot": True, "reservation_key": "compute.googleapis.com/reservation-name"},
+        "Spot VMs cannot consume reservations",
+    ),
+    (
+        "topology-on-single-host-pool-gke-text",
+        {"machine_type": "ct6e-standard-4t", "nodes": 1, "topology": "2x2"},
+        "TPU topology can't be specified with single-host TPU slice pool",
+    ),
 ]
 
 
@@ -101,6 +138,16 @@ ACCEPTED = [
     ("cpu-pool", {"machine_type": "e2-standard-4", "nodes": 3, "topology": ""}),
     ("name-40-chars", {"name": "p" + "-0" * 19 + "z"}),
     ("good-reservation", {"reservation_key": "compute.googleapis.com/reservation-name"}),
+    (
+        "v6e-hyperdisk",
+        {"machine_type": "ct6e-standard-4t", "topology": "4x4", "disk_type": "hyperdisk-balanced"},
+    ),
+    (
+        "v5p-pd-balanced",
+        {"machine_type": "ct5p-hightpu-4t", "nodes": 2, "topology": "2x2x2", "disk_type": "pd-balanced"},
+    ),
+    ("tpu7x-1t-single-host", {"machine_type": "tpu7x-standard-1t", "nodes": 1, "topology": ""}),
+    ("spot-without-reservation", {"spot": True}),
 ]
 
 
@@ -314,6 +361,7 @@ def test_wire_format_enums_and_bad_requests(gke_emulator: GkeEmulator) -> None:
                 "initialNodeCount": 2,
                 "config": {"machineType": "ct5p-hightpu-4t"},
                 "placementPolicy": {"type": "COMPACT", "tpuTopology": "2x2x2"},
+                "management": {"autoUpgrade": True, "autoRepair": True},
             }
         }
     ).encode()
@@ -399,3 +447,52 @@ def test_runs_as_a_process_and_stops_on_sigterm() -> None:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+NO_CHANNEL_CLUSTER = "projects/test-proj/locations/us-central2/clusters/no-channel"
+
+
+@pytest.fixture
+def no_channel_emulator() -> Iterator[GkeEmulator]:
+    """A regional cluster outside release channels, in two zones."""
+    seed = ClusterSeed.from_path(
+        NO_CHANNEL_CLUSTER, locations=("us-central2-b", "us-central2-c"), release_channel=""
+    )
+    with GkeEmulator([seed], op_delay=0) as emulator:
+        yield emulator
+
+
+def test_get_cluster_reports_the_release_channel(
+    client: gke.ClusterManagerClient, no_channel_emulator: GkeEmulator
+) -> None:
+    enrolled = client.get_cluster(name=GKE_TEST_CLUSTER, retry=None)
+    assert enrolled.release_channel.channel == gke.ReleaseChannel.Channel.REGULAR
+    other = rest_client(no_channel_emulator.url).get_cluster(name=NO_CHANNEL_CLUSTER, retry=None)
+    assert other.release_channel.channel == gke.ReleaseChannel.Channel.UNSPECIFIED
+
+
+def test_auto_upgrade_off_is_accepted_without_a_release_channel(no_channel_emulator: GkeEmulator) -> None:
+    pool = make_pool(auto_upgrade=False, auto_repair=False)
+    create(rest_client(no_channel_emulator.url), pool, cluster=NO_CHANNEL_CLUSTER)
+    [stored] = no_channel_emulator.pools(NO_CHANNEL_CLUSTER)
+    assert stored.get("management", {}).get("autoUpgrade", False) is False
+
+
+def test_auto_upgrade_off_sent_raw_is_refused_with_gke_text(gke_emulator: GkeEmulator) -> None:
+    body = json.dumps(
+        {"nodePool": {"name": "raw", "initialNodeCount": 1, "config": {"machineType": "ct5lp-hightpu-4t"}}}
+    ).encode()
+    code, error = raw(gke_emulator, "POST", f"/v1/{GKE_TEST_CLUSTER}/nodePools", body)
+    assert (code, error["error"]["status"]) == (400, "INVALID_ARGUMENT")
+    assert error["error"]["message"] == "Auto_upgrade cannot be false when release_channel REGULAR is set."
+
+
+def test_node_count_is_per_zone(no_channel_emulator: GkeEmulator) -> None:
+    # A single-host pool in two zones is two slices: GKE creates initial_node_count nodes per zone.
+    pool = make_pool(nodes=1, topology="2x2", locations=("us-central2-b", "us-central2-c"))
+    pool.placement_policy = gke.NodePool.PlacementPolicy()
+    create(rest_client(no_channel_emulator.url), pool, cluster=NO_CHANNEL_CLUSTER)
+    [stored] = no_channel_emulator.pools(NO_CHANNEL_CLUSTER)
+    nodes = node_objects("no-channel", stored)
+    zones = [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes]
+    assert zones == ["us-central2-b", "us-central2-c"]

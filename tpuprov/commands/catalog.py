@@ -53,6 +53,7 @@ def _to_json(info: AcceleratorInfo) -> dict[str, Any]:
         "multi_host_placement": info.multi_host_placement,
         "topology_rule": info.topology_rule,
         "topologies": list(info.topologies),
+        "boot_disk_types": list(info.boot_disk_types),
     }
 
 
@@ -66,6 +67,8 @@ def _write_table(infos: list[AcceleratorInfo], out: TextIO) -> None:
         )
         out.write("  machine types: " + ", ".join(_machine_type_text(m) for m in info.machine_types) + "\n")
         out.write(f"  topologies:    {info.topology_rule}\n")
+        disks = ", ".join(info.boot_disk_types)
+        out.write(f"  boot disks:    {disks} (the first is the default)\n")
 
 
 def run(args: argparse.Namespace) -> int:

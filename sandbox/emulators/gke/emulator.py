@@ -325,8 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op-delay", type=float, default=0.5)
     parser.add_argument("--endpoint", default="127.0.0.1", help="the clusters' Kubernetes API endpoint")
     parser.add_argument("--ca-cert-b64", default="", help="the clusters' base64 CA certificate")
+    parser.add_argument(
+        "--release-channel", default="REGULAR", help="the clusters' release channel; '' for none"
+    )
     args = parser.parse_args(argv)
-    seeds = [ClusterSeed.from_path(path, args.endpoint, args.ca_cert_b64) for path in args.cluster]
+    seeds = [
+        ClusterSeed.from_path(path, args.endpoint, args.ca_cert_b64, release_channel=args.release_channel)
+        for path in args.cluster
+    ]
     done = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:

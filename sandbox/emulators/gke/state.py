@@ -54,6 +54,8 @@ class ClusterSeed:
     endpoint: str = "127.0.0.1"
     ca_certificate_b64: str = ""
     locations: tuple[str, ...] = ()
+    # New GKE clusters are enrolled in REGULAR by default; "" seeds a cluster outside release channels.
+    release_channel: str = "REGULAR"
 
     @property
     def path(self) -> str:
@@ -67,6 +69,7 @@ class ClusterSeed:
         endpoint: str = "127.0.0.1",
         ca_certificate_b64: str = "",
         locations: tuple[str, ...] = (),
+        release_channel: str = "REGULAR",
     ) -> ClusterSeed:
         """Build a seed from ``projects/P/locations/L/clusters/C``; zones default to the location's zone."""
         parts = path.strip("/").split("/")
@@ -75,7 +78,9 @@ class ClusterSeed:
         location = parts[3]
         if not locations:
             locations = (location,) if region_of(location) != location else (f"{location}-a",)
-        return cls(parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations))
+        return cls(
+            parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations), release_channel
+        )
 
 
 @dataclasses.dataclass
@@ -158,6 +163,8 @@ class GkeState:
                 current_master_version="1.31.1-gke.1000000",
             )
             cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
+            if seed.release_channel:
+                cluster.release_channel.channel = cs.ReleaseChannel.Channel[seed.release_channel]
             for pool in self._pools[path].values():
                 cluster.node_pools.append(pool)
             return cluster
@@ -199,7 +206,7 @@ class GkeState:
         self.advance()
         with self._lock:
             seed = self.cluster(path)
-            validate_create(pool, seed.location)
+            validate_create(pool, seed.location, seed.release_channel)
             if pool.name in self._pools[path]:
                 raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}/nodePools/{pool.name}.")
             self._check_compatible(path, pool.name)

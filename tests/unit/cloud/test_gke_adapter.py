@@ -31,7 +31,7 @@ OPS = f"projects/test-proj/locations/{ZONE}/operations"
 
 
 def slice_spec(name: str = "js-train-0", **changes: Any) -> NodePoolSpec:
-    """A two-host v5p slice with everything the product sets."""
+    """A two-host v5p slice with everything the product sets (as on a release-channel cluster)."""
     fields: dict[str, Any] = {
         "name": name,
         "machine_type": "ct5p-hightpu-4t",
@@ -40,14 +40,14 @@ def slice_spec(name: str = "js-train-0", **changes: Any) -> NodePoolSpec:
         "labels": {"tpuprov/jobset": "train", "tpuprov/slice": "0"},
         "resource_labels": {"team": "ml"},
         "placement": Placement(tpu_topology="2x2x2"),
-        "spot": True,
         "reservation": Reservation("tpu-res", project="shared-proj"),
         "service_account": "tpu@test-proj.iam.gserviceaccount.com",
         "oauth_scopes": ("https://www.googleapis.com/auth/cloud-platform",),
         "max_pods_per_node": 32,
         "disk_size_gb": 200,
-        "disk_type": "pd-ssd",
+        "disk_type": "pd-balanced",
         "tags": ("tpu",),
+        "auto_upgrade": True,
     }
     fields.update(changes)
     return NodePoolSpec(**fields)
@@ -71,7 +71,7 @@ def test_create_then_get_round_trips_the_spec(
     )
     [sent] = gke_emulator.pools(gke_cluster)
     config = sent["config"]
-    assert config["spot"] is True
+    assert config.get("spot", False) is False
     assert config["reservationAffinity"] == {
         "consumeReservationType": "SPECIFIC_RESERVATION",
         "key": "compute.googleapis.com/reservation-name",
@@ -82,8 +82,8 @@ def test_create_then_get_round_trips_the_spec(
         "tpu@test-proj.iam.gserviceaccount.com",
         ["https://www.googleapis.com/auth/cloud-platform"],
     )
-    assert (config["diskSizeGb"], config["diskType"], config["tags"]) == (200, "pd-ssd", ["tpu"])
-    assert sent["management"] == {"autoRepair": True}
+    assert (config["diskSizeGb"], config["diskType"], config["tags"]) == (200, "pd-balanced", ["tpu"])
+    assert sent["management"] == {"autoUpgrade": True, "autoRepair": True}
     assert sent.get("autoscaling", {}).get("enabled", False) is False
     assert sent["maxPodsConstraint"] == {"maxPodsPerNode": "32"}
     assert sent["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "2x2x2"}

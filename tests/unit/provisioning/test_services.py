@@ -93,6 +93,41 @@ def test_at_most_two_reads_per_event(gke, kube):
     assert kube.reads + gke.count("list") <= 2 * len(pods) * 3
 
 
+@pytest.mark.parametrize(
+    ("channel", "auto_upgrade"),
+    [("REGULAR", True), ("", False)],
+    ids=["release-channel-auto-upgrade-on", "no-channel-auto-upgrade-off"],
+)
+def test_cluster_is_read_once_per_instance_and_decides_upgrades(kube, channel, auto_upgrade):
+    gke = FakeGke(release_channel=channel)
+    pods = submit(kube, tpu_jobset("train", "team-a", replicas=2))
+    provision_all(gke, kube, pods * 2)
+    assert gke.count("get_cluster") == 1
+    assert gke.count("create") == 2
+    assert {spec.auto_upgrade for spec in gke.specs.values()} == {auto_upgrade}
+    assert {spec.auto_repair for spec in gke.specs.values()} == {True}
+
+
+def test_failed_cluster_read_is_retried_by_redelivery_and_not_cached(kube):
+    gke = FakeGke()
+    pods = submit(kube, tpu_jobset("t", "team-a", replicas=1))
+    service = Provisioner(SETTINGS, gke, kube)
+    gke.fail("get_cluster", "unavailable")
+    name = pods[0]["metadata"]["name"]
+    with pytest.raises(TransientError):
+        service.handle_pending_pod("team-a", name, NOW)
+    assert service.handle_pending_pod("team-a", name, NOW).result == CREATED
+    assert gke.count("get_cluster") == 2 and gke.count("create") == 1
+
+
+def test_spot_with_reservation_is_refused_on_the_pod(gke, kube):
+    selectors = {labels.SPOT: "true", labels.RESERVATION_NAME: "res-1"}
+    pods = submit(kube, tpu_jobset("t", "team-a", replicas=1, selectors=selectors))
+    outcome = provision_all(gke, kube, pods[:1])[0]
+    assert outcome.result == REFUSED and "Spot VMs cannot consume reservations" in outcome.why
+    assert kube.reasons() == [labels.REASON_REFUSED] and gke.count("create") == 0
+
+
 def test_concurrent_create_409_is_success(gke, kube):
     pods = submit(kube, tpu_jobset("train", "team-a", replicas=1))
     service = Provisioner(SETTINGS, gke, kube)

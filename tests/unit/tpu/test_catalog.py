@@ -76,7 +76,7 @@ VALID = [
     ("v5e-2x4-two-vms", (V5E, "2x4", 4), _shape(V5E, "v5e", "2x4", "ct5lp-hightpu-4t", 4, 2, 8, "compact")),
     ("v5e-4x8", (V5E, "4x8", 4), _shape(V5E, "v5e", "4x8", "ct5lp-hightpu-4t", 4, 8, 32, "compact")),
     ("v5e-16x16", (V5E, "16x16", 4), _shape(V5E, "v5e", "16x16", "ct5lp-hightpu-4t", 4, 64, 256, "compact")),
-    # v5p: same rules as v4, up to 16x16x24.
+    # v5p: same rules as v4, up to the full 8960-chip pod (16x20x28).
     ("v5p-2x2x1", (V5P, "2x2x1", 4), _shape(V5P, "v5p", "2x2x1", "ct5p-hightpu-4t", 4, 1, 4, "none")),
     ("v5p-2x2x4", (V5P, "2x2x4", 4), _shape(V5P, "v5p", "2x2x4", "ct5p-hightpu-4t", 4, 4, 16, "compact")),
     ("v5p-4x4x8", (V5P, "4x4x8", 4), _shape(V5P, "v5p", "4x4x8", "ct5p-hightpu-4t", 4, 32, 128, "compact")),
@@ -84,6 +84,16 @@ VALID = [
         "v5p-16x16x24-largest",
         (V5P, "16x16x24", 4),
         _shape(V5P, "v5p", "16x16x24", "ct5p-hightpu-4t", 4, 1536, 6144, "compact"),
+    ),
+    (
+        "v5p-12x24x24",
+        (V5P, "12x24x24", 4),
+        _shape(V5P, "v5p", "12x24x24", "ct5p-hightpu-4t", 4, 1728, 6912, "compact"),
+    ),
+    (
+        "v5p-16x20x28-full-pod",
+        (V5P, "16x20x28", 4),
+        _shape(V5P, "v5p", "16x20x28", "ct5p-hightpu-4t", 4, 2240, 8960, "compact"),
     ),
     # v6e: the supported-configurations table row by row.
     ("v6e-1x1", (V6E, "1x1", 1), _shape(V6E, "v6e", "1x1", "ct6e-standard-1t", 1, 1, 1, "none")),
@@ -158,7 +168,9 @@ INVALID = [
     ("2d-too-large", V6E, "32x32", 4, ["1024 chips, more than the largest v6e slice (256 chips)"]),
     ("3d-not-multiple-of-4", V5P, "2x4x8", 4, ["2x4x8 is not offered for v5p", "multiples of 4"]),
     ("3d-odd", V4, "4x4x6", 4, ["4x4x6 is not offered for v4"]),
-    ("v5p-too-large", V5P, "16x16x32", 4, ["8192 chips, more than the largest v5p slice (6144 chips)"]),
+    ("v5p-too-large", V5P, "16x20x32", 4, ["10240 chips, more than the largest v5p slice (8960 chips)"]),
+    ("v5p-full-pod-misordered", V5P, "28x20x16", 4, ["GKE names this shape 16x20x28"]),
+    ("v5p-not-multiple-of-4", V5P, "12x20x26", 4, ["12x20x26 is not offered for v5p"]),
     ("v4-too-large", V4, "16x16x32", 4, ["more than the largest v4 slice (4096 chips)"]),
     ("1x1x1-only-on-tpu7x", V4, "1x1x1", 4, ["1x1x1 is not offered for v4"]),
     # The anchor bug: a request of 16 turned into ct6e-standard-16t. No such machine exists.
@@ -266,7 +278,12 @@ def test_2d_generations_offer_exactly_the_documented_topologies() -> None:
             ["1x1x1", "4x4x2", "16x16x20"],
             4096,
         ),
-        (V5P, ["2x2x1", "2x2x4", "8x16x16", "16x16x24"], ["1x1x1", "2x4x8", "16x16x32"], 6144),
+        (
+            V5P,
+            ["2x2x1", "2x2x4", "8x16x16", "16x16x24", "12x24x24", "16x20x28"],
+            ["1x1x1", "2x4x8", "16x20x32", "20x20x24"],
+            8960,
+        ),
         (TPU7X, ["1x1x1", "2x2x1", "4x4x4", "16x24x24"], ["4x4x2", "24x24x24"], 9216),
     ],
     ids=["v4", "v5p", "tpu7x"],
@@ -360,6 +377,14 @@ def test_cli_json_lists_every_accelerator(capsys: pytest.CaptureFixture[str]) ->
     tpu7x = next(entry for entry in data if entry["accelerator"] == TPU7X)
     assert tpu7x["multi_host_placement"] == "workload-policy"
     assert "16x24x24" in tpu7x["topologies"]
+    disks = {entry["accelerator"]: entry["boot_disk_types"] for entry in data}
+    assert disks == {
+        V4: ["pd-balanced"],
+        V5E: ["pd-balanced"],
+        V5P: ["pd-balanced"],
+        V6E: ["hyperdisk-balanced"],
+        TPU7X: ["hyperdisk-balanced"],
+    }
 
 
 def test_cli_table_is_the_default_and_names_everything(capsys: pytest.CaptureFixture[str]) -> None:
@@ -372,7 +397,8 @@ def test_cli_table_is_the_default_and_names_everything(capsys: pytest.CaptureFix
         assert name in out
     assert "ct6e-standard-8t (8 chips, single-host only)" in out
     assert "1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16" in out
-    assert "at most 6144 chips" in out
+    assert "at most 8960 chips" in out
+    assert "boot disks:    hyperdisk-balanced (the first is the default)" in out
 
 
 def test_cli_rejects_an_unknown_output_format(capsys: pytest.CaptureFixture[str]) -> None:

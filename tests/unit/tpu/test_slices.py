@@ -10,7 +10,7 @@ from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId
 from shared.core.settings import Settings
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
+from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
 from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 UID = "0b9a1c3e-1111-4222-8333-444455556666"
@@ -71,6 +71,7 @@ CASES = [
             "node_count": 4,
             "labels": owner(),
             "placement": Placement("COMPACT", "4x4"),
+            "disk_type": "hyperdisk-balanced",
         },
         id="v6e-multi-host-compact",
     ),
@@ -142,6 +143,7 @@ CASES = [
             "machine_type": "ct6e-standard-4t",
             "node_count": 1,
             "labels": {"example.com/tier": "gold", "team": "research", **owner()},
+            "disk_type": "hyperdisk-balanced",
         },
         id="copied-selectors-not-reserved-ones",
     ),
@@ -152,12 +154,19 @@ CASES = [
             "node_count": 2,
             "labels": owner(),
             "placement": Placement("", "", "tpu7x-2-2-2"),
+            "disk_type": "hyperdisk-balanced",
         },
         id="tpu7x-multi-host-workload-policy",
     ),
     pytest.param(
         {"accelerator": "tpu7x", "topology": "2x2x1", "chips_per_vm": 4},
-        {"machine_type": "tpu7x-standard-4t", "node_count": 1, "labels": owner(), "placement": None},
+        {
+            "machine_type": "tpu7x-standard-4t",
+            "node_count": 1,
+            "labels": owner(),
+            "placement": None,
+            "disk_type": "hyperdisk-balanced",
+        },
         id="tpu7x-single-host",
     ),
 ]
@@ -180,7 +189,13 @@ def test_slice_request_whole_object():
         spot=True,
         reservation=None,
         extra_labels={"team": "x"},
+        zone="",
     )
+
+
+def test_slice_request_reads_the_zone_selector():
+    pod = pod_of(selectors={labels.ZONE: " us-east5-c "})
+    assert slice_request(pod).zone == "us-east5-c"
 
 
 def mutate(change):
@@ -251,6 +266,27 @@ REFUSED = [
         "requests google.com/tpu",
         id="non-numeric-tpu",
     ),
+    pytest.param(
+        lambda p: p["spec"]["nodeSelector"].update({labels.SPOT: "true", labels.RESERVATION_NAME: "res-1"}),
+        "Spot VMs cannot consume reservations",
+        id="spot-and-reservation",
+    ),
+    pytest.param(
+        lambda p: p["spec"].update(
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": labels.SPOT, "operator": "In", "values": ["true"]}]}
+                        ]
+                    }
+                }
+            },
+            nodeSelector={**p["spec"]["nodeSelector"], labels.RESERVATION_NAME: "res-1"},
+        ),
+        "cloud.google.com/gke-spot=true and cloud.google.com/reservation-name=res-1",
+        id="spot-by-affinity-and-reservation",
+    ),
 ]
 
 
@@ -279,12 +315,146 @@ def test_refused(change, why):
             SETTINGS.with_overrides(location="us-east5"),
             "NODE_LOCATIONS",
         ),
+        (
+            {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4},
+            SETTINGS.with_overrides(disk_type="pd-balanced"),
+            "DISK_TYPE=pd-balanced is not supported by ct6e-standard-4t .v6e. VMs, which boot from "
+            "hyperdisk-balanced",
+        ),
+        (
+            {"accelerator": "tpu-v5p-slice", "topology": "2x2x2", "chips_per_vm": 4},
+            SETTINGS.with_overrides(disk_type="hyperdisk-balanced"),
+            "not supported by ct5p-hightpu-4t .v5p. VMs, which boot from pd-balanced",
+        ),
+        (
+            {"accelerator": "tpu-v5-lite-podslice", "topology": "2x2", "chips_per_vm": 4},
+            SETTINGS.with_overrides(disk_type="pd-ssd"),
+            "DISK_TYPE=pd-ssd is not supported by ct5lp-hightpu-4t",
+        ),
+        (
+            {
+                "accelerator": "tpu-v6e-slice",
+                "topology": "4x4",
+                "chips_per_vm": 4,
+                "selectors": {labels.ZONE: "us-west4-a"},
+            },
+            SETTINGS,
+            "topology.kubernetes.io/zone=us-west4-a, which is not a zone of this cluster .zones: us-east5-b.",
+        ),
     ],
-    ids=["chips-not-a-machine-type", "unknown-accelerator", "tpu7x-without-policy", "regional-without-zone"],
+    ids=[
+        "chips-not-a-machine-type",
+        "unknown-accelerator",
+        "tpu7x-without-policy",
+        "regional-without-zone",
+        "pd-disk-on-v6e",
+        "hyperdisk-on-v5p",
+        "pd-ssd-on-v5e",
+        "pod-zone-not-in-cluster",
+    ],
 )
 def test_build_refuses_what_gke_would_reject(jobset_args, settings, why):
     with pytest.raises(Refused, match=why):
-        build_node_pool(settings, slice_request(pod_of(**jobset_args)))
+        build_node_pool(settings, slice_request(pod_of(**jobset_args)), REGULAR)
+
+
+# The cluster kinds a pool must be accepted on: enrolled in a release channel (the default for new
+# clusters) or not, zonal or regional with two TPU zones configured.
+REGULAR = ClusterInfo("c", "us-east5-b", "10.0.0.1", "", locations=("us-east5-b",), release_channel="REGULAR")
+NO_CHANNEL = ClusterInfo("c", "us-east5-b", "10.0.0.1", "", locations=("us-east5-b",))
+REGIONAL = ClusterInfo(
+    "c",
+    "us-east5",
+    "10.0.0.1",
+    "",
+    locations=("us-east5-a", "us-east5-b", "us-east5-c"),
+    release_channel="STABLE",
+)
+TWO_ZONES = SETTINGS.with_overrides(location="us-east5", node_locations=("us-east5-b", "us-east5-c"))
+V6E_4X4 = {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4}
+V6E_4X4_POOL = {
+    "machine_type": "ct6e-standard-4t",
+    "node_count": 4,
+    "labels": owner(),
+    "placement": Placement("COMPACT", "4x4"),
+    "disk_type": "hyperdisk-balanced",
+}
+V5E_2X2 = {"accelerator": "tpu-v5-lite-podslice", "topology": "2x2", "chips_per_vm": 4}
+V5E_2X2_POOL = {"machine_type": "ct5lp-hightpu-4t", "node_count": 1, "labels": owner()}
+
+CLUSTER_CASES = [
+    pytest.param(
+        SETTINGS,
+        REGULAR,
+        V6E_4X4,
+        {**V6E_4X4_POOL, "auto_upgrade": True},
+        id="release-channel-auto-upgrade-on",
+    ),
+    pytest.param(SETTINGS, NO_CHANNEL, V6E_4X4, V6E_4X4_POOL, id="no-channel-auto-upgrade-off"),
+    pytest.param(SETTINGS, None, V6E_4X4, V6E_4X4_POOL, id="cluster-unknown-treated-as-no-channel"),
+    pytest.param(
+        TWO_ZONES,
+        REGIONAL,
+        V6E_4X4,
+        {**V6E_4X4_POOL, "auto_upgrade": True, "node_locations": ("us-east5-b",)},
+        id="two-zones-multi-host-gets-first-zone-only",
+    ),
+    pytest.param(
+        TWO_ZONES,
+        REGIONAL,
+        V5E_2X2,
+        {**V5E_2X2_POOL, "auto_upgrade": True, "node_locations": ("us-east5-b",)},
+        id="two-zones-single-host-one-node-in-one-zone",
+    ),
+    pytest.param(
+        TWO_ZONES,
+        REGIONAL,
+        {**V5E_2X2, "selectors": {labels.ZONE: "us-east5-c"}},
+        {**V5E_2X2_POOL, "auto_upgrade": True, "node_locations": ("us-east5-c",)},
+        id="pod-zone-selector-wins",
+    ),
+    pytest.param(
+        TWO_ZONES,
+        REGIONAL,
+        {**V5E_2X2, "selectors": {labels.ZONE: "us-east5-a"}},
+        {**V5E_2X2_POOL, "auto_upgrade": True, "node_locations": ("us-east5-a",)},
+        id="pod-zone-selector-any-cluster-zone",
+    ),
+    pytest.param(
+        TWO_ZONES,
+        REGIONAL,
+        {
+            "accelerator": "tpu-v5p-slice",
+            "topology": "2x2x2",
+            "chips_per_vm": 4,
+            "selectors": {labels.RESERVATION_NAME: "res-c", labels.ZONE: "us-east5-c"},
+        },
+        {
+            "machine_type": "ct5p-hightpu-4t",
+            "node_count": 2,
+            "labels": owner(),
+            "placement": Placement("COMPACT", "2x2x2"),
+            "reservation": Reservation("res-c"),
+            "auto_upgrade": True,
+            "node_locations": ("us-east5-c",),
+        },
+        id="reservation-zone-pinned-by-selector",
+    ),
+    pytest.param(
+        SETTINGS.with_overrides(disk_type="hyperdisk-balanced"),
+        NO_CHANNEL,
+        V6E_4X4,
+        V6E_4X4_POOL,
+        id="explicit-disk-type-the-family-supports",
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "cluster", "jobset_args", "fields"), CLUSTER_CASES)
+def test_build_node_pool_per_cluster_kind(settings, cluster, jobset_args, fields):
+    request = slice_request(pod_of(**jobset_args))
+    spec, _ = build_node_pool(settings, request, cluster)
+    assert spec == expected(request.pool_name, **fields)
 
 
 def test_every_pod_of_a_slice_maps_to_the_same_pool_and_slices_differ():
