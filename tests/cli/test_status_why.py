@@ -94,12 +94,13 @@ def cluster(world: Any) -> dict[str, Any]:
     # The API server assigns uids; the pools must be derived from the JobSets as stored.
     train, done, starved, bad = (kube.put(js) for js in (train, done, starved, bad))
     pools: dict[str, str] = {}
+    cluster_info = api.get_cluster(world.settings.cluster_path)
     world.gke.set_op_delay(0)
     for jobset in (train, done, gone, starved):
         if jobset is starved:
             world.gke.stockout(message="GCE_STOCKOUT: no capacity for ct6e-standard-4t in us-central2-b")
         pod = expand_pods(jobset)[0]
-        spec, _ = build_node_pool(world.settings, slice_request(pod))
+        spec, _ = build_node_pool(world.settings, slice_request(pod), cluster_info)
         api.create_node_pool(world.settings.cluster_path, spec, "test")
         pools[jobset["metadata"]["name"]] = spec.name
     world.gke.finish_operations()
