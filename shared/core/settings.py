@@ -73,6 +73,16 @@ class Settings:
     chip_budget: int = 0  # total chips over all managed pools; 0 = unlimited
     drain: bool = False  # true: never create, only clean up
 
+    # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
+    # operations per cluster at once and answers 429/400 beyond it; creates of one replicated job
+    # are sent this many at a time, and stop at the first such answer (redelivery continues).
+    create_concurrency: int = 8
+    # No new GKE create starts after this many seconds of a delivery; must stay below the provision
+    # service's Cloud Run timeout (60 s in infra/main.tf) minus one GKE call (8 s).
+    request_deadline_seconds: int = 45
+    # Kubernetes list calls are paged with limit/continue; items per page (kubectl uses 500).
+    kube_list_page_size: int = 500
+
     # Release / reconcile.
     release_grace_seconds: int = 0  # wait this long after Completed before releasing
     suspend_grace_seconds: int = 600  # release pools of a suspended JobSet after this long
@@ -86,6 +96,11 @@ class Settings:
     setup_timeout_seconds: int = 280
     setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
     setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
+
+    def __post_init__(self) -> None:
+        for name in ("create_concurrency", "request_deadline_seconds", "kube_list_page_size"):
+            if getattr(self, name) < 1:
+                raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -294,6 +294,12 @@ class KubeApiServer:
 
     # -- fault injection and accounting --------------------------------------------------------
 
+    def set_list_latency(self, seconds: float) -> None:
+        """Delay every list response (each page of a paged list) by ``seconds`` (0: off)."""
+        if seconds < 0:
+            raise ValueError("list latency must be >= 0")
+        self._handler.list_latency = seconds
+
     def set_down(self, down: bool) -> None:
         """While down, every request is answered 503 (a simulated API outage)."""
         self._faults.set_down(down)
