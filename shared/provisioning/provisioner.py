@@ -223,7 +223,13 @@ class Provisioner:
             if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
                 continue
             wanted.append(_Create(sibling, sibling_spec, sibling.slice_id.describe()))
-        outcomes = self._create_all(pod, wanted, shape, pools, budget)
+        try:
+            outcomes = self._create_all(pod, wanted, shape, pools, budget)
+        except TransientError:
+            # The requesting pod's pool may be known now; forgetting it makes the redelivery list
+            # the pools and finish the group instead of answering "known to exist".
+            self.known_pools.forget(spec.name)
+            raise
         created = tuple(o.pool for o in outcomes if o.result == CREATED)
         # Without an error raised, the pod's own pool (first in ``wanted``) has an outcome.
         own = Outcome(EXISTS, f"pool {spec.name} already exists", spec.name, slice_desc)
@@ -320,10 +326,6 @@ class Provisioner:
         stopped: str,
     ) -> None:
         """Some creates of the group are left for redelivery: log it and raise so that it comes."""
-        # The requesting pod's own pool may have been accepted; forgetting it makes the redelivery
-        # list the pools and finish the group instead of answering "known to exist".
-        if wanted:
-            self.known_pools.forget(wanted[0].spec.name)
         accepted = sum(1 for o in outcomes.values() if o.result in (CREATED, EXISTS))
         left = len(unsent) + len(failures)
         reason = stopped or failures[0].why
