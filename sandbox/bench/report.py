@@ -27,6 +27,54 @@ def _cold_rows(report: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _scale_lines(report: dict[str, Any]) -> list[str]:
+    f, c = report.get("fanout"), report.get("reconcile_scale")
+    if not f or not c:
+        return []
+    fs, cs = f["shape"], c["shape"]
+    return [
+        f"**Fan-out under GKE's pace**: one pending-pod event of a JobSet of {fs['slices']} single-host "
+        f"slices; the GKE emulator holds each create {fs['create_latency']} s, runs operations for "
+        f"minutes and allows {fs['op_limit']} running operations per cluster; `CREATE_CONCURRENCY` "
+        f"{fs['concurrency']}. Creates sent one after another would take "
+        f"{fs['slices'] * fs['create_latency']:.0f} s.",
+        "",
+        *_table(
+            ["figure", "value"],
+            [
+                ["time until GKE accepted all S creates", _seconds(f["seconds_to_all_accepted"])],
+                ["deliveries (first + redeliveries)", str(f["deliveries"])],
+                ["creates sent / accepted", f"{f['creates_sent']} / {f['creates_accepted']}"],
+                [
+                    "creates answered 429 / 400 (operation limit)",
+                    f"{f['too_many_operations']} / {f['incompatible_operation']}",
+                ],
+                ["most creates in flight at GKE", str(f["max_in_flight"])],
+            ],
+        ),
+        "",
+        f"**Reconcile at cluster scale**: {cs['nodes']} nodes, {cs['pods']} pods, {cs['jobsets']} JobSets, "
+        f"{cs['tpu_jobsets']} managed pools ({cs['pending_pods']} pods pending); every list page held "
+        f"{cs['page_latency'] * 1000:.0f} ms, {cs['page_size']} items per page; one sweep in a "
+        "reconcile function process (after a warm-up sweep).",
+        "",
+        *_table(
+            ["figure", "value"],
+            [
+                ["sweep (tick to 2xx)", f"**{c['sweep_seconds']:.2f} s**"],
+                ["Kubernetes list pages / requests", f"{c['list_pages']} / {c['kube_requests']}"],
+                ["GKE creates / deletes", f"{c['gke_creates']} / {c['gke_deletes']}"],
+                [
+                    "peak RSS, reconcile (worker / leader+worker)",
+                    f"{c['rss']['worker_mib']:.0f} / {c['rss']['instance_mib']:.0f} MiB",
+                ],
+                ["setup (objects written straight into the stores)", f"{c['setup_seconds']:.1f} s"],
+            ],
+        ),
+        "",
+    ]
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table per part, then the targets."""
     machine = report["machine"]
@@ -100,6 +148,7 @@ def markdown(report: dict[str, Any]) -> str:
             ],
         ),
         "",
+        *_scale_lines(report),
         "**Targets**",
         "",
         *_table(

@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
 from sandbox.bench import env as bench_env
+from sandbox.bench import fanout as bench_fanout
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
@@ -29,6 +31,9 @@ COLD_START_MAX_FRACTION_OF_REFERENCE = 1 / 3
 OVERHEAD_P99_MAX_MS = 20.0
 READS_PER_EVENT_MAX = 2.0
 SECONDS_TO_ALL_CREATES_MAX = 10.0
+FANOUT_SECONDS_MAX = 6.0
+RECONCILE_SECONDS_MAX = 30.0
+RECONCILE_RSS_MAX_MIB = 256.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class BenchConfig:
     launches: int = 5
     events: int = 1000
     storm: bench_storm.StormShape = field(default_factory=bench_storm.StormShape)
+    fanout: bench_fanout.FanOutShape = field(default_factory=bench_fanout.FanOutShape)
+    cluster: bench_cluster.ClusterShape = field(default_factory=bench_cluster.ClusterShape)
     cold_start: bool = True
     log_dir: Path | None = None  # function process logs; a temporary directory when None
 
@@ -85,6 +92,33 @@ def _storm_targets(storm: bench_storm.StormResult) -> list[dict[str, Any]]:
     ]
 
 
+def _scale_targets(
+    fan: bench_fanout.FanOutResult, sweep: bench_cluster.ClusterResult
+) -> list[dict[str, Any]]:
+    s, accepted = fan.shape.slices, fan.creates_accepted
+    return [
+        _target("fan-out creates accepted == S", accepted, s, "calls", ok=accepted == s),
+        _target("fan-out time to all S creates", fan.seconds_to_all_accepted, FANOUT_SECONDS_MAX, "s"),
+        _target("reconcile sweep at cluster scale", sweep.sweep_seconds, RECONCILE_SECONDS_MAX, "s"),
+        _target("reconcile peak RSS (worker)", sweep.rss.worker_mib, RECONCILE_RSS_MAX_MIB, "MiB"),
+    ]
+
+
+def fanout_dict(fan: bench_fanout.FanOutResult) -> dict[str, Any]:
+    """The fan-out result as JSON-safe data."""
+    out = asdict(fan)
+    out["seconds_to_all_accepted"] = _finite(fan.seconds_to_all_accepted, 3)
+    return out
+
+
+def cluster_dict(sweep: bench_cluster.ClusterResult) -> dict[str, Any]:
+    """The reconcile-at-scale result as JSON-safe data."""
+    out = asdict(sweep)
+    out["setup_seconds"] = round(sweep.setup_seconds, 3)
+    out["sweep_seconds"] = round(sweep.sweep_seconds, 3)
+    return out
+
+
 def storm_dict(storm: bench_storm.StormResult) -> dict[str, Any]:
     """The storm result as JSON-safe data (derived rates included)."""
     out = asdict(storm)
@@ -115,6 +149,8 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
                 "launches": config.launches,
                 "events": config.events,
                 "storm": asdict(config.storm),
+                "fanout": asdict(config.fanout),
+                "cluster": asdict(config.cluster),
             },
         }
         targets: list[dict[str, Any]] = []
@@ -149,6 +185,15 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
             storm = bench_storm.run(env, config.storm, log_dir, progress=say)
         report["storm"] = storm_dict(storm)
         targets += _storm_targets(storm)
+        with bench_env.started() as env:
+            say(f"fan-out: {config.fanout.slices} creates at {config.fanout.create_latency}s each")
+            fan = bench_fanout.run(env, config.fanout)
+        with bench_env.started() as env:
+            say(f"reconcile: {config.cluster.pods} pods, {config.cluster.nodes} nodes")
+            sweep = bench_cluster.run(env, config.cluster, log_dir)
+        report["fanout"] = fanout_dict(fan)
+        report["reconcile_scale"] = cluster_dict(sweep)
+        targets += _scale_targets(fan, sweep)
         report["targets"] = targets
         report["all_met"] = all(t["met"] for t in targets)
         return report

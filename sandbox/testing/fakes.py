@@ -14,7 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError, TransientError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    OperationLimitError,
+    RejectedError,
+    TransientError,
+)
 from shared.tpu.nodepools import (
     STATUS_PROVISIONING,
     STATUS_STOPPING,
@@ -24,17 +30,30 @@ from shared.tpu.nodepools import (
     OperationInfo,
 )
 
-_TOO_MANY = "429 Too many operations are running on the cluster"
-_INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234"
+# GKE's own texts (see sandbox/emulators/gke/state.py for where they come from).
+_TOO_MANY = (
+    '429 Too many operations: cluster "c" hits the concurrent operations quota 5, please try again later.'
+)
+_INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234."
 
 
 class FakeGke:
-    """``NodePoolAPI`` over a dict of pools; ``fail(method, kind, times)`` queues faults."""
+    """``NodePoolAPI`` over a dict of pools; ``fail(method, kind, times)`` queues faults.
 
-    def __init__(self, release_channel: str = "REGULAR", locations: tuple[str, ...] = ()) -> None:
+    ``on_call(method, target)`` (optional) runs before each call is answered, e.g. to advance a fake
+    clock the way a slow GKE would.
+    """
+
+    def __init__(
+        self,
+        release_channel: str = "REGULAR",
+        locations: tuple[str, ...] = (),
+        on_call: Callable[[str, str], None] | None = None,
+    ) -> None:
         """``release_channel`` "" models a cluster outside release channels (new clusters are REGULAR)."""
         self.release_channel = release_channel
         self.locations = locations
+        self.on_call = on_call
         self.pools: dict[str, dict[str, NodePoolInfo]] = {}
         self.specs: dict[str, NodePoolSpec] = {}
         self.calls: list[tuple[str, str]] = []
@@ -45,8 +64,8 @@ class FakeGke:
     def fail(self, method: str, kind: str, times: int = 1) -> None:
         """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected or unavailable."""
         errors: dict[str, Callable[[], Exception]] = {
-            "429": lambda: TransientError(_TOO_MANY),
-            "incompatible": lambda: TransientError(_INCOMPATIBLE),
+            "429": lambda: OperationLimitError(_TOO_MANY),
+            "incompatible": lambda: OperationLimitError(_INCOMPATIBLE),
             "unavailable": lambda: TransientError("503 Service Unavailable"),
             "rejected": lambda: RejectedError("400 Invalid machine type", 400),
         }
@@ -54,6 +73,8 @@ class FakeGke:
 
     def _enter(self, method: str, target: str) -> None:
         self.calls.append((method, target))
+        if self.on_call is not None:
+            self.on_call(method, target)
         queue = self._faults.get(method)
         if queue:
             raise queue.pop(0)
@@ -176,15 +197,21 @@ class FakeKube:
         except KeyError:
             raise NotFoundError(f"404 pods {name!r} not found") from None
 
-    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
-        """Pods, filtered by namespace and by label-key existence selectors."""
+    def list_pods(
+        self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Pods, filtered by namespace, label-key existence selectors and ``status.phase=X``."""
         self._read()
         keys = [k for k in label_selector.split(",") if k]
+        phase = field_selector.removeprefix("status.phase=") if field_selector else ""
+        if field_selector and phase == field_selector:
+            raise RejectedError(f'400 field label not supported: "{field_selector}"', 400)
         return [
             copy.deepcopy(p)
             for (ns, _), p in sorted(self.pods.items())
             if (namespace is None or ns == namespace)
             and all(k in (p["metadata"].get("labels") or {}) for k in keys)
+            and (not phase or (p.get("status") or {}).get("phase", "Pending") == phase)
         ]
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:

@@ -6,8 +6,10 @@ transport with anonymous credentials. The Google client is imported and built on
 importing it costs far more than a cold start should pay for a message that never reaches GKE.
 
 Library exceptions never leave this module; they are translated into ``shared.core.errors``:
-404 -> NotFoundError, 409 -> AlreadyExistsError, 429 / 5xx / timeouts / connection failures /
-"Cluster is running incompatible operation" -> TransientError, any other refusal -> RejectedError.
+404 -> NotFoundError, 409 -> AlreadyExistsError, 429 "Too many operations" and 400 "Cluster is
+running incompatible operation" / "Operation ... is currently ..." -> OperationLimitError (a
+TransientError the provisioner uses to stop fanning out), other 429 / 5xx / timeouts / connection
+failures -> TransientError, any other refusal -> RejectedError.
 The client library's own retries are switched off: Pub/Sub redelivery is the product's retry, and a
 call must fit in the few seconds an Eventarc delivery has.
 """
@@ -24,6 +26,7 @@ from shared.core.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
+    OperationLimitError,
     RejectedError,
     TransientError,
 )
@@ -38,6 +41,10 @@ RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 # GKE reports links as full URLs (https://container.googleapis.com/v1/projects/...); keep the path.
 _LINK_PREFIX = re.compile(r"^https?://[^/]+/v1[a-z0-9]*/")
 _CLUSTER_PATH = re.compile(r"^projects/([^/]+)/locations/([^/]+)/clusters/[^/]+$")
+# GKE's refusals to start an operation because others run: the 400 FAILED_PRECONDITION texts listed
+# in GKE's "Troubleshoot concurrent operations" page ("Cluster is running incompatible operation X",
+# "Operation X is currently <verb>ing cluster C. Please wait and try again once it is done.").
+_OPERATION_CONFLICT = re.compile(r"incompatible operation|operation \S+ is currently \w+", re.IGNORECASE)
 
 
 def _enum_name(value: Any) -> str:
@@ -166,9 +173,11 @@ def _raise_translated(exc: Exception, what: str) -> NoReturn:
             raise TransientError(why) from exc
         if code == 409:
             raise AlreadyExistsError(why) from exc
+        if code == 429 and "too many operations" in str(exc.message).lower():
+            raise OperationLimitError(why) from exc
+        if code == 400 and _OPERATION_CONFLICT.search(str(exc.message)):
+            raise OperationLimitError(why) from exc
         if code == 429 or code >= 500 or isinstance(exc, core.Cancelled):
-            raise TransientError(why) from exc
-        if code == 400 and "incompatible operation" in str(exc.message).lower():
             raise TransientError(why) from exc
         raise RejectedError(why, code or 400) from exc
     if isinstance(exc, core.GoogleAPIError):  # RetryError and friends: nothing was refused

@@ -76,9 +76,10 @@ def event_object(
 class KubeClient:
     """``KubeAPI`` over ``kubernetes.client.ApiClient`` (raw JSON, errors wrapped)."""
 
-    def __init__(self, api_client: Any, timeout: float = 5.0) -> None:
+    def __init__(self, api_client: Any, timeout: float = 5.0, page_size: int = 500) -> None:
         self.api_client = api_client
         self.timeout = timeout
+        self.page_size = page_size
 
     def _call(self, method: str, path: str, query: dict[str, str] | None = None, body: Any = None) -> Any:
         return request_json(self.api_client, method, path, query, body, timeout=self.timeout)
@@ -87,10 +88,28 @@ class KubeClient:
         """One pod. Raises NotFoundError."""
         return dict(self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"))
 
-    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
-        """Pods, optionally in one namespace and filtered by a label selector."""
+    def _list(self, path: str, query: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every item of a collection, read ``page_size`` at a time with ``limit``/``continue``.
+
+        Pages keep each response (and the API server's work per request) small on clusters with
+        tens of thousands of pods. A continue token that expired between pages (410 Gone) is a
+        TransientError like any other failed read: the caller's delivery is retried whole.
+        """
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            page = self._call("GET", path, {**(query or {}), "limit": str(self.page_size), "continue": token})
+            items.extend(page.get("items") or [])
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+
+    def list_pods(
+        self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by label and field selectors (paged)."""
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
-        return list(self._call("GET", path, {"labelSelector": label_selector}).get("items") or [])
+        return self._list(path, {"labelSelector": label_selector, "fieldSelector": field_selector})
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """One JobSet. Raises NotFoundError."""
@@ -103,7 +122,7 @@ class KubeClient:
             path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}"
         else:
             path = f"{JOBSET_PATH}/{labels.JOBSET_PLURAL}"
-        return list(self._call("GET", path).get("items") or [])
+        return self._list(path)
 
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
@@ -178,6 +197,8 @@ def translate_status(status: int, detail: str, what: str) -> Exception:
         return AlreadyExistsError(why)
     if status in (0, 408, 429) or status >= 500:
         return TransientError(why)
+    if status == 410:  # an expired list continue token: list again from the start
+        return TransientError(why)
     if status == 401 or status == 403:
         # Credentials or RBAC: a deployment problem, but one an operator fixes without losing events.
         return TransientError(why)
@@ -231,4 +252,4 @@ def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str
 
 def connect(settings: Settings, gke: Callable[[], Any], cluster_path: str | None = None) -> KubeClient:
     """A ``KubeClient`` for the managed cluster (or ``cluster_path``)."""
-    return KubeClient(api_client_for(settings, gke, cluster_path))
+    return KubeClient(api_client_for(settings, gke, cluster_path), page_size=settings.kube_list_page_size)

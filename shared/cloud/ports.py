@@ -55,8 +55,10 @@ class KubeAPI(Protocol):
         """One pod. Raises NotFoundError."""
         ...
 
-    def list_pods(self, namespace: str | None = None, label_selector: str = "") -> list[dict[str, Any]]:
-        """Pods, optionally in one namespace and filtered by a label selector."""
+    def list_pods(
+        self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Pods, optionally in one namespace and filtered by label and field selectors."""
         ...
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:

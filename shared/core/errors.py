@@ -35,6 +35,16 @@ class TransientError(TpuProvError):
     """Retrying may help: raise so that the message is redelivered."""
 
 
+class OperationLimitError(TransientError):
+    """GKE refused to start another operation on the cluster right now.
+
+    Either the cluster's concurrent-operations quota is used up (HTTP 429 "Too many operations") or
+    a conflicting operation runs (HTTP 400 FAILED_PRECONDITION "Cluster is running incompatible
+    operation"). Sending more mutations in the same delivery only collects more refusals, so callers
+    stop fanning out and let redelivery continue once operations have finished.
+    """
+
+
 class NotFoundError(PermanentError):
     """The addressed object does not exist (HTTP 404)."""
 

@@ -76,6 +76,16 @@ class Settings:
     chip_budget: int = 0  # total chips over all managed pools; 0 = unlimited
     drain: bool = False  # true: never create, only clean up
 
+    # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
+    # operations per cluster at once and answers 429/400 beyond it; creates of one replicated job
+    # are sent this many at a time, and stop at the first such answer (redelivery continues).
+    create_concurrency: int = 8
+    # No new GKE create starts after this many seconds of a delivery; must stay below the provision
+    # service's Cloud Run timeout (60 s in infra/main.tf) minus one GKE call (8 s).
+    request_deadline_seconds: int = 45
+    # Kubernetes list calls are paged with limit/continue; items per page (kubectl uses 500).
+    kube_list_page_size: int = 500
+
     # Release / reconcile.
     release_grace_seconds: int = 0  # wait this long after Completed before releasing
     suspend_grace_seconds: int = 600  # release pools of a suspended JobSet after this long
@@ -97,6 +107,9 @@ class Settings:
                 f"setting DISK_TYPE={self.disk_type!r} is not a GKE boot disk type; use one of "
                 f"{', '.join(BOOT_DISK_TYPES)}, or leave it unset for each TPU generation's default"
             )
+        for name in ("create_concurrency", "request_deadline_seconds", "kube_list_page_size"):
+            if getattr(self, name) < 1:
+                raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -40,6 +40,11 @@ class KnownPools:
                 self._expiry = {k: v for k, v in self._expiry.items() if v > now}
             self._expiry[name] = now + self.ttl
 
+    def forget(self, name: str) -> None:
+        """Stop trusting that pool ``name`` exists (the next event for it lists the pools again)."""
+        with self._lock:
+            self._expiry.pop(name, None)
+
     def known(self, name: str) -> bool:
         """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds."""
         with self._lock:

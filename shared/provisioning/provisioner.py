@@ -16,13 +16,23 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.cloud.retry import Budget
 from shared.core import labels, logs
-from shared.core.errors import AlreadyExistsError, NotEligible, NotFoundError, Refused, RejectedError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotEligible,
+    NotFoundError,
+    OperationLimitError,
+    Refused,
+    RejectedError,
+    TransientError,
+)
 from shared.core.names import label_key_problem, label_value_problem
 from shared.core.settings import Settings
+from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
 from shared.tpu import catalog
-from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
+from shared.tpu.jobsets import jobset_log_field, jobset_problem, pod_jobset_value, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
@@ -31,9 +41,12 @@ from shared.tpu.nodepools import (
     NodePoolInfo,
     NodePoolSpec,
 )
-from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
+from shared.tpu.slices import SliceRequest, build_node_pool, pool_name, slice_request
 
 log = logs.get("provision")
+
+# A pod's claimed replica count is only a hint; a forged huge one must not cost more than this.
+_MAX_REPLICAS_HINT = 1024
 
 # Outcome names double as the stable `event` field of the decision log line (prefixed "provision.").
 CREATED = "created"
@@ -103,6 +116,7 @@ class Provisioner:
         self.gke = gke
         self.kube = kube
         self.known_pools = KnownPools(known_pool_ttl, clock)
+        self._clock = clock
         self._cluster: ClusterInfo | None = None
 
     def cluster(self) -> ClusterInfo:
@@ -177,7 +191,8 @@ class Provisioner:
         slice_desc: str,
         pools: list[NodePoolInfo],
     ) -> Outcome:
-        """Create the slice's pool unless the listing has it or the chip budget forbids it."""
+        """Create the slice's pool and its siblings unless listed, within the chip budget."""
+        budget = Budget(self.settings.request_deadline_seconds, clock=self._clock)
         pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
@@ -186,7 +201,12 @@ class Provisioner:
                 why += "; reconcile recycles failed pools"
             elif existing.status != STATUS_STOPPING:
                 self.known_pools.remember(spec.name)
-            return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+            settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
+            if settled or not _group_incomplete(pod, request, pools):
+                return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+            # The pod's own pool exists but its replicated job claims more slices than are listed: an
+            # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
+            # read below decides, not the pod's claim).
         # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
         # once per slice group, not per event.
         try:
@@ -198,11 +218,10 @@ class Provisioner:
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
-        outcome = self._create(pod, request, spec, shape, slice_desc, pools)
-        created = [spec.name] if outcome.result == CREATED else []
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
+        wanted: list[_Create] = [] if existing is not None else [_Create(request, spec, slice_desc)]
         for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
             if index == request.slice_id.job_index:
                 continue
@@ -212,51 +231,86 @@ class Provisioner:
             sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
             if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
                 continue
-            if (
-                self._create(pod, sibling, sibling_spec, shape, sibling.slice_id.describe(), pools).result
-                == CREATED
-            ):
-                created.append(sibling_spec.name)
-        return dataclasses.replace(outcome, requested=tuple(created))
+            wanted.append(_Create(sibling, sibling_spec, sibling.slice_id.describe()))
+        try:
+            outcomes = self._create_all(pod, wanted, shape, pools, budget)
+        except TransientError:
+            # The requesting pod's pool may be known now; forgetting it makes the redelivery list
+            # the pools and finish the group instead of answering "known to exist".
+            self.known_pools.forget(spec.name)
+            raise
+        created = tuple(o.pool for o in outcomes if o.result == CREATED)
+        # Without an error raised, the pod's own pool (first in ``wanted``) has an outcome.
+        own = Outcome(EXISTS, f"pool {spec.name} already exists", spec.name, slice_desc)
+        outcome = own if existing is not None else outcomes[0]
+        return dataclasses.replace(outcome, requested=created)
 
-    def _create(
+    def _create_all(
         self,
         pod: dict[str, Any],
-        request: SliceRequest,
-        spec: NodePoolSpec,
+        wanted: list[_Create],
         shape: catalog.SliceShape,
-        slice_desc: str,
         pools: list[NodePoolInfo],
-    ) -> Outcome:
-        """Create one slice's pool within the chip budget; the listing is updated with it."""
-        if self.settings.chip_budget:
-            in_use = managed_chips(pools)
-            if in_use + shape.total_chips > self.settings.chip_budget:
+        budget: Budget,
+    ) -> list[Outcome]:
+        """Create the wanted pools within the chip budget, ``CREATE_CONCURRENCY`` at a time.
+
+        Raises OperationLimitError / TransientError after recording what GKE accepted when some
+        creates could not be made in this delivery; the redelivery (or any pod of a missing slice)
+        requests the rest.
+        """
+        outcomes: dict[str, Outcome] = {}
+        sendable: list[_Create] = []
+        in_use = managed_chips(pools) if self.settings.chip_budget else 0
+        for item in wanted:
+            if self.settings.chip_budget and in_use + shape.total_chips > self.settings.chip_budget:
                 why = (
                     f"chip budget exceeded: {in_use} chips in managed pools + {shape.total_chips} requested "
                     f"> CHIP_BUDGET {self.settings.chip_budget}"
                 )
-                return self._refuse(pod, why, slice_desc, spec.name)
+                outcomes[item.spec.name] = self._refuse(pod, why, item.slice_desc, item.spec.name)
+                continue
+            in_use += shape.total_chips  # reserved before sending, so concurrent creates cannot overshoot
+            sendable.append(item)
 
-        why = (
-            f"{slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
-            f"({request.accelerator} {shape.topology}, {shape.total_chips} chips)"
-        )
-        try:
-            self.gke.create_node_pool(self.settings.cluster_path, spec, why)
-        except AlreadyExistsError:
+        def send(item: _Create) -> None:
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, _why(item, shape))
+
+        result = fan_out(sendable, send, self.settings.create_concurrency, budget)
+        failures: list[TransientError] = []
+        for item, error in result.sent:
+            if isinstance(error, TransientError):
+                failures.append(error)
+                continue
+            outcomes[item.spec.name] = self._created(pod, item, shape, pools, error)
+        if failures or result.unsent:
+            self._defer(pod, wanted, outcomes, failures, result.unsent, result.stopped)
+        return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
+
+    def _created(
+        self,
+        pod: dict[str, Any],
+        item: _Create,
+        shape: catalog.SliceShape,
+        pools: list[NodePoolInfo],
+        error: Exception | None,
+    ) -> Outcome:
+        """Record what GKE answered to one create (None: accepted); the listing is updated with it."""
+        spec, slice_desc = item.spec, item.slice_desc
+        if isinstance(error, AlreadyExistsError):
             self.known_pools.remember(spec.name)
-            return self._done(
-                Outcome(EXISTS, f"pool {spec.name} already exists (409)", spec.name, slice_desc)
-            )
-        except RejectedError as exc:
+            why = f"pool {spec.name} already exists (409)"
+            return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+        if isinstance(error, RejectedError):
             self.kube.record_event(
-                _ref(pod), labels.REASON_FAILED, f"GKE rejected pool {spec.name}: {exc.why}", warning=True
+                _ref(pod), labels.REASON_FAILED, f"GKE rejected pool {spec.name}: {error.why}", warning=True
             )
             return self._done(
-                Outcome(FAILED, f"GKE rejected pool {spec.name}: {exc.why}", spec.name, slice_desc),
+                Outcome(FAILED, f"GKE rejected pool {spec.name}: {error.why}", spec.name, slice_desc),
                 logging.ERROR,
             )
+        if error is not None:
+            raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
         self.known_pools.remember(spec.name)
         pools.append(
             NodePoolInfo(
@@ -267,8 +321,30 @@ class Provisioner:
                 labels=dict(spec.labels),
             )
         )
+        why = _why(item, shape)
         self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
+
+    def _defer(
+        self,
+        pod: dict[str, Any],
+        wanted: list[_Create],
+        outcomes: dict[str, Outcome],
+        failures: list[TransientError],
+        unsent: list[_Create],
+        stopped: str,
+    ) -> None:
+        """Some creates of the group are left for redelivery: log it and raise so that it comes."""
+        accepted = sum(1 for o in outcomes.values() if o.result in (CREATED, EXISTS))
+        left = len(unsent) + len(failures)
+        reason = stopped or failures[0].why
+        why = (
+            f"{accepted} of {len(wanted)} pools of the replicated job requested, {left} left for "
+            f"redelivery: {reason}"
+        )
+        logs.decision(log, "provision.deferred", why, logging.WARNING, sent=len(outcomes) + len(failures))
+        limited = any(isinstance(f, OperationLimitError) for f in failures)
+        raise (OperationLimitError if limited else TransientError)(why)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -294,6 +370,40 @@ class Provisioner:
             log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
         )
         return outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class _Create:
+    """One pool to request: the slice, the pool spec and its description for logs and Events."""
+
+    request: SliceRequest
+    spec: NodePoolSpec
+    slice_desc: str
+
+
+def _why(item: _Create, shape: catalog.SliceShape) -> str:
+    return (
+        f"{item.slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
+        f"({item.request.accelerator} {shape.topology}, {shape.total_chips} chips)"
+    )
+
+
+def _group_incomplete(pod: dict[str, Any], request: SliceRequest, pools: list[NodePoolInfo]) -> bool:
+    """Whether the listing lacks a pool of the replicated job the pod says it belongs to.
+
+    Only a hint for when to read the JobSet (which then decides); it costs no API call, so a storm
+    of events for slices that exist stays at two reads per event.
+    """
+    try:
+        replicas = int(str(pod_jobset_value(pod, labels.REPLICATED_JOB_REPLICAS) or 0))
+    except ValueError:
+        return False
+    names = {p.name for p in pools}
+    sid = request.slice_id
+    return any(
+        pool_name(dataclasses.replace(sid, job_index=index)) not in names
+        for index in range(min(replicas, _MAX_REPLICAS_HINT))
+    )
 
 
 def _ref(pod: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
+from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
 from sandbox.bench import env as bench_env
+from sandbox.bench import fanout as bench_fanout
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
@@ -95,7 +97,9 @@ def test_cold_start_probes_ack_without_calls_and_first_create_creates_once(env, 
 @pytest.mark.integration
 def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     out = tmp_path / "results"
-    argv = ["bench", "--skip-cold-start", "--events", "40", "--out", str(out)]
+    argv = ["bench", "--skip-cold-start", "--events", "40", "--out", str(out), "--fanout-slices", "6"]
+    argv += ["--cluster-nodes", "20", "--cluster-pods", "200", "--cluster-jobsets", "10"]
+    argv += ["--cluster-pools", "4"]
     assert cli.main([*argv, "--slices", "3", "--hosts", "2", "--repeats", "2", "--concurrency", "3"]) == 0
     report = json.loads((out / "bench.json").read_text())
     assert report["storm"]["creates"] == report["storm"]["deletes"] == 3
@@ -104,7 +108,37 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     markdown = (out / "bench.md").read_text()
     assert markdown.startswith("## Performance") and "make bench" in markdown
     assert "| GKE creates / deletes | 3 / 3 |" in markdown
+    assert report["fanout"]["creates_accepted"] == 6
+    assert report["reconcile_scale"]["gke_creates"] == 0
+    assert "**Reconcile at cluster scale**" in markdown and "**Fan-out under GKE's pace**" in markdown
     assert "## Performance" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_fanout_part_sends_every_create_once_within_the_concurrency(env):
+    shape = bench_fanout.FanOutShape(slices=10, create_latency=0.1, op_limit=10, concurrency=4)
+    result = bench_fanout.run(env, shape)
+    assert (result.deliveries, result.creates_sent, result.creates_accepted) == (1, 10, 10)
+    assert result.too_many_operations == result.incompatible_operation == 0
+    assert result.max_in_flight == 4
+    assert env.gke.running_operations(env.settings.cluster_path) == 10  # realism switched off after
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cluster_part_sweeps_a_preloaded_cluster_with_paged_selective_lists(env, tmp_path):
+    shape = bench_cluster.ClusterShape(
+        nodes=30, pods=400, jobsets=12, tpu_jobsets=5, pending_pods=6, page_latency=0.0, page_size=10
+    )
+    result = bench_cluster.run(env, shape, tmp_path)
+    assert result.objects == 30 + 12 + 400
+    assert len(env.managed_pools()) == 5
+    # Every pool belongs to a running JobSet and every pending pod's slice exists: nothing to do.
+    assert (result.gke_creates, result.gke_deletes) == (0, 0)
+    # JobSets in two pages of ten; the six pending pods (of 400) in one page.
+    assert result.list_pages == 3
+    assert result.rss.worker_mib > 0
 
 
 def test_cli_rejects_non_positive_counts(tmp_path, capsys):

@@ -496,3 +496,68 @@ def test_node_count_is_per_zone(no_channel_emulator: GkeEmulator) -> None:
     nodes = node_objects("no-channel", stored)
     zones = [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes]
     assert zones == ["us-central2-b", "us-central2-c"]
+
+
+# --- realism: latency, GKE's concurrent-operations quota, drawn operation durations ---------------
+
+
+def test_latency_of_concurrent_calls_overlaps(gke_emulator: GkeEmulator, client: Any) -> None:
+    gke_emulator.set_latency(0.3, ("list",))
+    threads = [
+        threading.Thread(target=client.list_node_pools, kwargs={"parent": GKE_TEST_CLUSTER, "retry": None})
+        for _ in range(6)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every request was being served at once: each waited on its own thread, not in a queue.
+    assert gke_emulator.max_in_flight("list") == 6
+    assert gke_emulator.answered("list", 200) == 6
+
+
+def test_operation_limit_answers_gke_429_until_an_operation_finishes(
+    gke_emulator: GkeEmulator, client: Any
+) -> None:
+    gke_emulator.set_operation_limit(2)
+    gke_emulator.set_op_durations(600)
+    create(client, make_pool("a"))
+    create(client, make_pool("b"))
+    with pytest.raises(core.TooManyRequests) as caught:
+        create(client, make_pool("c"))
+    assert caught.value.code == 429
+    assert 'Too many operations: cluster "test-cluster" hits the concurrent operations quota 2' in str(
+        caught.value.message
+    )
+    assert gke_emulator.running_operations(GKE_TEST_CLUSTER) == 2
+    assert [p["name"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)] == ["a", "b"]
+    gke_emulator.finish_operations()
+    create(client, make_pool("c"))
+    assert gke_emulator.answered("create", 429) == 1
+    assert gke_emulator.answered("create", 200) == 3
+
+
+def test_a_busy_pool_still_answers_incompatible_operation_before_the_quota(
+    gke_emulator: GkeEmulator, client: Any
+) -> None:
+    gke_emulator.set_operation_limit(1)
+    gke_emulator.set_op_durations(600)
+    create(client, make_pool("a"))
+    with pytest.raises(core.BadRequest, match="incompatible operation"):
+        client.delete_node_pool(name=f"{GKE_TEST_CLUSTER}/nodePools/a", retry=None)
+
+
+def test_operation_durations_are_drawn_per_operation(gke_emulator: GkeEmulator, client: Any) -> None:
+    durations = iter([0.0, 600.0])
+    gke_emulator.set_op_durations(lambda: next(durations))
+    create(client, make_pool("fast"))
+    create(client, make_pool("slow"))
+    status = {p["name"]: p["status"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)}
+    assert status == {"fast": "RUNNING", "slow": "PROVISIONING"}
+
+
+def test_realism_is_off_by_default(gke_emulator: GkeEmulator, client: Any) -> None:
+    for name in "abcdefgh":
+        create(client, make_pool(name))
+    assert gke_emulator.answered("create", 200) == 8
+    assert gke_emulator.running_operations(GKE_TEST_CLUSTER) == 0

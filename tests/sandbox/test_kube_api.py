@@ -404,3 +404,50 @@ def test_status_subresource_of_a_custom_resource(custom: Any) -> None:
     assert main["metadata"]["labels"] == {"l": "1"}
     assert "suspend" not in main["spec"]  # status writes leave spec alone
     assert via_status["status"]["conditions"] == [condition]
+
+
+# --- paged lists and field selectors, as the product's adapter uses them ---------------------------
+
+
+def _put_pods(kube_server: Any, count: int, running: set[int]) -> None:
+    for index in range(count):
+        pod = _pod(f"p{index:02d}", {"app": "x"})
+        pod.update(apiVersion="v1", kind="Pod")
+        pod["metadata"]["namespace"] = "default"
+        pod["status"] = {"phase": "Running" if index in running else "Pending"}
+        kube_server.put(pod)
+
+
+def test_list_pages_carry_continue_and_remaining_item_count(core: Any, kube_server: Any) -> None:
+    _put_pods(kube_server, 7, running=set())
+    first = core.list_namespaced_pod("default", limit=3)
+    assert [p.metadata.name for p in first.items] == ["p00", "p01", "p02"]
+    assert first.metadata.remaining_item_count == 4
+    second = core.list_namespaced_pod("default", limit=3, _continue=first.metadata._continue)
+    assert [p.metadata.name for p in second.items] == ["p03", "p04", "p05"]
+    last = core.list_namespaced_pod("default", limit=3, _continue=second.metadata._continue)
+    assert [p.metadata.name for p in last.items] == ["p06"]
+    assert (last.metadata._continue, last.metadata.remaining_item_count) == (None, None)
+    # With a selector the real API cannot count what is left, and leaves the field unset.
+    selected = core.list_namespaced_pod("default", limit=3, label_selector="app=x")
+    assert selected.metadata._continue and selected.metadata.remaining_item_count is None
+
+
+def test_product_adapter_pages_through_every_pod_with_server_side_selectors(kube_server: Any) -> None:
+    from shared.cloud.kube import KubeClient
+
+    _put_pods(kube_server, 10, running={1, 4, 8})
+    kube_server.set_list_latency(0.01)
+    api = KubeClient(kube_server.api_client(), page_size=3)
+    kube_server.clear_requests()
+
+    everything = api.list_pods("default", label_selector="app")
+    assert [p["metadata"]["name"] for p in everything] == [f"p{i:02d}" for i in range(10)]
+    pages = [path for method, path in kube_server.requests if method == "GET"]
+    assert len(pages) == 4 and all("limit=3" in path for path in pages)
+    assert sum("continue=" in path for path in pages) == 3
+
+    kube_server.clear_requests()
+    pending = api.list_pods(label_selector="app", field_selector="status.phase=Pending")
+    assert [p["metadata"]["name"] for p in pending] == ["p00", "p02", "p03", "p05", "p06", "p07", "p09"]
+    assert all("fieldSelector=status.phase%3DPending" in path for _, path in kube_server.requests)

@@ -25,6 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="storm: FailedScheduling events per pod (R)")
     parser.add_argument("--concurrency", type=int, default=8, help="storm: concurrent deliveries")
+    parser.add_argument("--fanout-slices", type=int, default=64, help="fan-out: slices of the wide JobSet")
+    parser.add_argument("--cluster-nodes", type=int, default=5000, help="reconcile at scale: nodes")
+    parser.add_argument("--cluster-pods", type=int, default=50_000, help="reconcile at scale: pods")
+    parser.add_argument("--cluster-jobsets", type=int, default=1000, help="reconcile at scale: JobSets")
+    parser.add_argument(
+        "--cluster-pools", type=int, default=300, help="reconcile at scale: managed pools (<= JobSets)"
+    )
     parser.add_argument("--skip-cold-start", action="store_true", help="skip the (slowest) cold-start part")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the function processes' logs here")
     parser.set_defaults(func=run)
@@ -32,11 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when every target is met, 1 when one is missed, 2 on bad input."""
-    if args.launches < 1 or args.events < 1 or args.slices < 1 or args.repeats < 1 or args.concurrency < 1:
-        print("tpuprov bench: counts must be >= 1", file=sys.stderr)
+    counts = (args.launches, args.events, args.slices, args.repeats, args.concurrency, args.fanout_slices)
+    scale = (args.cluster_nodes, args.cluster_pods, args.cluster_jobsets, args.cluster_pools)
+    if min(counts) < 1 or min(scale) < 1 or args.cluster_pools > args.cluster_jobsets:
+        print(
+            "tpuprov bench: counts must be >= 1 (and --cluster-pools <= --cluster-jobsets)", file=sys.stderr
+        )
         return 2
     from sandbox.bench import report as bench_report
     from sandbox.bench import runner as bench
+    from sandbox.bench.cluster import ClusterShape
+    from sandbox.bench.fanout import FanOutShape
     from sandbox.bench.storm import StormShape
 
     config = bench.BenchConfig(
@@ -44,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
         events=args.events,
         storm=StormShape(
             slices=args.slices, hosts=args.hosts, repeats=args.repeats, concurrency=args.concurrency
+        ),
+        fanout=FanOutShape(slices=args.fanout_slices),
+        cluster=ClusterShape(
+            nodes=args.cluster_nodes,
+            pods=args.cluster_pods,
+            jobsets=args.cluster_jobsets,
+            tpu_jobsets=args.cluster_pools,
+            pending_pods=min(100, args.cluster_pools),
         ),
         cold_start=not args.skip_cold_start,
         log_dir=args.log_dir,

@@ -39,6 +39,7 @@ from google.protobuf import json_format
 from sandbox.emulators.gke.faults import KINDS, Faults
 from sandbox.emulators.gke.rules import ApiError, invalid
 from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
+from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
 
 __all__ = ["KINDS", "Call", "ClusterSeed", "GkeEmulator", "main"]
 
@@ -86,6 +87,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = 10  # a client that connects and never sends must not pin a thread forever
+    status_sent = 0  # the HTTP status of the answer, once sent
 
     def log_message(self, format: str, *args: Any) -> None:
         """Keep the test output quiet; calls are recorded on the emulator instead."""
@@ -105,6 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
     def send_json(self, code: int, payload: str) -> None:
         """Write one JSON response and close the exchange."""
         data = payload.encode()
+        self.status_sent = code
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -125,8 +128,11 @@ class GkeEmulator:
     ) -> None:
         self.state = GkeState(list(clusters or []), op_delay=op_delay, clock=clock)
         self.faults = Faults()
+        self.latency = Latency()
+        self.in_flight = InFlight()
         self._host, self._port = host, port
         self._calls: list[Call] = []
+        self._answers: Counter[tuple[str, int]] = Counter()
         self._calls_lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
@@ -193,6 +199,33 @@ class GkeEmulator:
         """Reject any mutation while another operation runs on the same cluster (400 FAILED_PRECONDITION)."""
         self.state.set_strict_cluster_ops(strict)
 
+    def set_latency(self, duration: Duration | None, kinds: tuple[str, ...] = KINDS) -> None:
+        """Hold every request of ``kinds`` for ``duration`` (seconds or a draw) before answering.
+
+        Requests are served on their own threads, so the latency of concurrent calls overlaps as
+        it does against GKE. None or 0 switches it off.
+        """
+        for kind in kinds:
+            if kind not in KINDS:
+                raise ValueError(f"unknown request kind {kind!r}; use one of {', '.join(KINDS)}")
+        self.latency.set(duration, kinds)
+
+    def set_operation_limit(self, limit: int) -> None:
+        """At most ``limit`` running node-pool operations per cluster; more mutations get 429."""
+        self.state.set_operation_limit(limit)
+
+    def set_op_durations(self, duration: Duration | None) -> None:
+        """Operations started from now on take ``duration`` (seconds or a draw per operation)."""
+        self.state.set_op_durations(None if duration is None else as_draw(duration))
+
+    def running_operations(self, cluster_path: str) -> int:
+        """Operations of the cluster not DONE yet."""
+        return self.state.running_operations(cluster_path)
+
+    def max_in_flight(self, kind: str) -> int:
+        """The most ``kind`` requests the emulator was serving at the same time."""
+        return self.in_flight.peak(kind)
+
     def fail_next(
         self, method: str, status_code: int, message: str = "", times: int | None = 1, status: str = ""
     ) -> None:
@@ -242,6 +275,11 @@ class GkeEmulator:
         with self._calls_lock:
             return Counter(call.method for call in self._calls)[method]
 
+    def answered(self, method: str, status: int) -> int:
+        """How many ``method`` requests were answered with HTTP ``status`` (200, 429, 400...)."""
+        with self._calls_lock:
+            return self._answers[(method, status)]
+
     def pools(self, cluster_path: str) -> list[dict[str, Any]]:
         """The cluster's node pools as GKE JSON dicts (camelCase, string enums)."""
         return self.state.pools_json(cluster_path)
@@ -251,7 +289,6 @@ class GkeEmulator:
     def _handle(self, request: _Handler) -> None:
         parsed = urllib.parse.urlsplit(request.path)
         path = urllib.parse.unquote(parsed.path)
-        int_enums = "enum-encoding=int" in urllib.parse.unquote(parsed.query)
         length = int(request.headers.get("Content-Length") or 0)
         body = request.rfile.read(length) if length else b""
         route = next(
@@ -268,6 +305,19 @@ class GkeEmulator:
         kind, args = route
         with self._calls_lock:
             self._calls.append(Call(kind, path, _summarize(kind, body)))
+        self.in_flight.enter(kind)
+        try:
+            latency = self.latency.draw(kind)
+            if latency and self._stopping.wait(latency):
+                return
+            self._serve(request, kind, args, body, path)
+        finally:
+            self.in_flight.leave(kind)
+            with self._calls_lock:
+                self._answers[(kind, request.status_sent)] += 1
+
+    def _serve(self, request: _Handler, kind: str, args: tuple[str, ...], body: bytes, path: str) -> None:
+        int_enums = "enum-encoding=int" in urllib.parse.unquote(urllib.parse.urlsplit(request.path).query)
         hang = self.faults.take_hang(kind)
         if hang and self._stopping.wait(hang):
             return

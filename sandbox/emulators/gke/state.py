@@ -22,6 +22,7 @@ from google.cloud.container_v1.types import cluster_service as cs
 from google.protobuf import json_format
 
 from sandbox.emulators.gke.rules import ApiError, region_of, validate_create
+from sandbox.emulators.gke.timing import Draw
 
 _log = logging.getLogger("sandbox.gke")
 
@@ -111,6 +112,8 @@ class GkeState:
         self._busy: dict[tuple[str, str], str] = {}  # (cluster, pool) -> running operation id
         self._op_ids = itertools.count(1)
         self._op_delay = op_delay
+        self._op_duration: Draw | None = None
+        self._op_limit = 0  # concurrent node-pool operations per cluster; 0 = unlimited
         self._strict = False
         self._ready_hooks: list[PoolReadyHook] = []
         self._deleted_hooks: list[PoolDeletedHook] = []
@@ -123,6 +126,28 @@ class GkeState:
             raise ValueError("op delay must be >= 0")
         with self._lock:
             self._op_delay = seconds
+
+    def set_op_durations(self, draw: Draw | None) -> None:
+        """Draw each new operation's duration from ``draw`` (None: back to the fixed op delay)."""
+        with self._lock:
+            self._op_duration = draw
+
+    def set_operation_limit(self, limit: int) -> None:
+        """Allow at most ``limit`` running node-pool operations per cluster (0: no limit).
+
+        GKE enforces a per-cluster concurrent-operations quota (historically 5) and answers a
+        mutation beyond it with 429 RESOURCE_EXHAUSTED "Too many operations ...".
+        """
+        if limit < 0:
+            raise ValueError("operation limit must be >= 0")
+        with self._lock:
+            self._op_limit = limit
+
+    def running_operations(self, path: str) -> int:
+        """How many operations of the cluster are not DONE yet."""
+        self.advance()
+        with self._lock:
+            return sum(1 for op in self._ops.values() if not op.done and op.cluster.path == path)
 
     def set_strict_cluster_ops(self, strict: bool = True) -> None:
         """When strict, any running operation blocks other mutations on the same cluster."""
@@ -282,10 +307,21 @@ class GkeState:
             raise ApiError(
                 400, "FAILED_PRECONDITION", f"Cluster is running incompatible operation {running}."
             )
+        if self._op_limit:
+            busy = sum(1 for op in self._ops.values() if not op.done and op.cluster.path == path)
+            if busy >= self._op_limit:
+                # GKE's wording for the per-cluster concurrent-operations quota (a 429).
+                raise ApiError(
+                    429,
+                    "RESOURCE_EXHAUSTED",
+                    f'Too many operations: cluster "{path.rsplit("/", 1)[-1]}" hits the concurrent '
+                    f"operations quota {self._op_limit}, please try again later.",
+                )
 
     def _start(self, seed: ClusterSeed, op_type: int, pool: str) -> _Operation:
         op_id = f"operation-{next(self._op_ids)}"
-        op = _Operation(op_id, seed, op_type, pool, self._clock(), self._op_delay, _now_rfc3339())
+        delay = max(0.0, self._op_duration()) if self._op_duration is not None else self._op_delay
+        op = _Operation(op_id, seed, op_type, pool, self._clock(), delay, _now_rfc3339())
         self._ops[op_id] = op
         self._busy[(seed.path, pool)] = op_id
         return op

@@ -267,6 +267,14 @@ class KubeApiServer:
             stored = self._store.replace(rtype, namespace, meta["name"], body, force=True)
         return clone(self._store.present(rtype, stored))
 
+    def preload(self, objects: Sequence[dict[str, Any]]) -> int:
+        """Store many objects at once, bypassing admission and watches (benchmark setup)."""
+        by_type: dict[ResourceType, list[dict[str, Any]]] = {}
+        for obj in objects:
+            rtype = self._type(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+            by_type.setdefault(rtype, []).append(obj)
+        return sum(self._store.preload(rtype, group) for rtype, group in by_type.items())
+
     def patch_status(
         self, api_version: str, plural: str, namespace: str | None, name: str, status: dict[str, Any]
     ) -> dict[str, Any]:
@@ -293,6 +301,12 @@ class KubeApiServer:
         return self._store.resource_version
 
     # -- fault injection and accounting --------------------------------------------------------
+
+    def set_list_latency(self, seconds: float) -> None:
+        """Delay every list response (each page of a paged list) by ``seconds`` (0: off)."""
+        if seconds < 0:
+            raise ValueError("list latency must be >= 0")
+        self._handler.list_latency = seconds
 
     def set_down(self, down: bool) -> None:
         """While down, every request is answered 503 (a simulated API outage)."""

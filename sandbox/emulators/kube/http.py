@@ -65,6 +65,7 @@ class KubeHandler(kmock.KubernetesScaffold):
     faults: FaultInjector
     version_info: dict[str, str]
     address: str = ""
+    list_latency: float = 0.0  # seconds added to every list response (one page of a paged list)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """Serve one HTTP request (the aiohttp low-level handler entry point).
@@ -183,6 +184,8 @@ class KubeHandler(kmock.KubernetesScaffold):
         if verb == "watch":
             return await self._watch(request, rtype, namespace, name, params)
         if verb == "list":
+            if self.list_latency > 0:  # each list response is one page: a paged list pays it per page
+                await asyncio.sleep(self.list_latency)
             return self._list(request, rtype, namespace, params)
         if verb == "get":
             assert name is not None
@@ -214,7 +217,12 @@ class KubeHandler(kmock.KubernetesScaffold):
         )
         if wants_table(request):
             return _json(render_table(rtype, items, str(rv)))
-        return _json(list_page(rtype, items, rv, params.get("limit"), params.get("continue")))
+        selected = bool(params.get("labelSelector") or params.get("fieldSelector"))
+        page = list_page(rtype, items, rv, params.get("limit"), params.get("continue"))
+        if selected:
+            # The real API cannot count what is left of a filtered list and leaves the field unset.
+            page["metadata"].pop("remainingItemCount", None)
+        return _json(page)
 
     def _write(
         self,

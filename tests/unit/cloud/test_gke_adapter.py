@@ -19,6 +19,7 @@ from shared.core.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
+    OperationLimitError,
     RejectedError,
     TpuProvError,
     TransientError,
@@ -190,8 +191,20 @@ ERRORS: list[tuple[str, Callable[[GkeEmulator], None], str, type[TpuProvError], 
     ("delete-missing-404", lambda e: None, "delete", NotFoundError, None),
     ("create-duplicate-409", lambda e: None, "create-twice", AlreadyExistsError, None),
     (
-        "create-429",
-        lambda e: e.fail_next("create", 429, "too many operations"),
+        "create-429-too-many-operations",
+        lambda e: e.fail_next(
+            "create",
+            429,
+            'Too many operations: cluster "c" hits the concurrent operations quota 5, '
+            "please try again later.",
+        ),
+        "create",
+        OperationLimitError,
+        None,
+    ),
+    (
+        "create-429-other",
+        lambda e: e.fail_next("create", 429, "Quota exceeded for quota metric 'Write requests'."),
         "create",
         TransientError,
         None,
@@ -200,7 +213,20 @@ ERRORS: list[tuple[str, Callable[[GkeEmulator], None], str, type[TpuProvError], 
         "create-incompatible-op",
         lambda e: e.fail_next("create", 400, "Cluster is running incompatible operation operation-123."),
         "create",
-        TransientError,
+        OperationLimitError,
+        None,
+    ),
+    (
+        "create-operation-is-currently-upgrading",
+        lambda e: e.fail_next(
+            "create",
+            400,
+            "Operation operation-1596 is currently upgrading cluster c. "
+            "Please wait and try again once it is done.",
+            status="FAILED_PRECONDITION",
+        ),
+        "create",
+        OperationLimitError,
         None,
     ),
     ("create-bad-topology-400", lambda e: None, "create-bad", RejectedError, 400),
@@ -276,13 +302,13 @@ def test_each_call_is_one_request_without_library_retries(
     assert (gke_emulator.count("create"), gke_emulator.count("list")) == (1, 1)
 
 
-def test_strict_cluster_incompatible_operation_is_transient(
+def test_strict_cluster_incompatible_operation_is_an_operation_limit(
     gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
 ) -> None:
     gke_emulator.set_op_delay(30)
     gke_emulator.set_strict_cluster_ops(True)
     gke_api.create_node_pool(gke_cluster, slice_spec("a"), why="first")
-    with pytest.raises(TransientError, match="incompatible operation"):
+    with pytest.raises(OperationLimitError, match="incompatible operation"):
         gke_api.create_node_pool(gke_cluster, slice_spec("b"), why="second")
 
 

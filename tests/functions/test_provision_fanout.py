@@ -1,0 +1,123 @@
+"""Wire level: the provision function fanning out creates against a GKE emulator with GKE's limits.
+
+The emulator serves every request on its own thread, holds creates for a latency, runs operations for
+minutes and answers GKE's 429 beyond a per-cluster operation limit. Assertions count requests and
+answers as the emulator saw them, never wall time.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from sandbox.emulators.logging import entries as logentries
+from sandbox.testing.builders import tpu_jobset
+from sandbox.testing.fnclient import FunctionClient
+from shared.app import entry
+from shared.core import labels
+from shared.tpu.jobsets import expand_pods
+from tests.conftest import CLUSTER_ID
+
+pytestmark = pytest.mark.integration
+
+
+def submit(world, replicas):
+    jobset = tpu_jobset("wide", "team-a", replicas=replicas, topology="2x2", chips_per_vm=4)
+    jobset["metadata"].pop("uid", None)
+    stored = world.kube.put(copy.deepcopy(jobset))
+    return [world.kube.put(pod) for pod in expand_pods(stored)]
+
+
+def pending_event(pod):
+    meta = pod["metadata"]
+    return logentries.pod_event_entry(
+        CLUSTER_ID,
+        meta["namespace"],
+        meta["name"],
+        meta.get("uid", ""),
+        controller=("JobSet", meta["labels"][labels.JOBSET_NAME]),
+    )
+
+
+def configure(world, **overrides):
+    entry.reset_runtime(world.settings.with_overrides(**overrides))
+    return FunctionClient("provision")
+
+
+def managed(world):
+    return [
+        p
+        for p in world.gke.pools(world.settings.cluster_path)
+        if p["config"].get("labels", {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+    ]
+
+
+def test_creates_of_a_group_are_sent_concurrently_up_to_the_setting(world):
+    fn = configure(world, create_concurrency=3)
+    pods = submit(world, replicas=9)
+    world.gke.set_latency(0.2, ("create",))
+    response = fn.post_entry(pending_event(pods[0]))
+    assert response.status_code == 200, response.data
+    assert world.gke.answered("create", 200) == 9
+    assert world.gke.max_in_flight("create") == 3
+    assert len(managed(world)) == 9
+
+
+def test_first_too_many_operations_stops_the_delivery_and_redelivery_finishes(world):
+    fn = configure(world, create_concurrency=4)
+    pods = submit(world, replicas=16)
+    world.gke.set_operation_limit(4)
+    world.gke.set_op_durations(600)  # TPU pools take minutes: nothing frees a slot by itself
+    world.gke.set_latency(0.05, ("create",))
+
+    response = fn.post_entry(pending_event(pods[0]))
+    assert response.status_code == 503  # Pub/Sub redelivers
+    assert world.gke.answered("create", 200) == 4
+    too_many = world.gke.answered("create", 429)
+    # Only creates already in flight when the first 429 came back can still meet one; without the
+    # stop, every one of the remaining twelve would have been sent and refused.
+    assert 1 <= too_many <= 4
+    assert world.gke.count("create") == 4 + too_many
+
+    deliveries = 1
+    while response.status_code != 200 and deliveries < 10:
+        world.gke.finish_operations()  # operations end; the redelivery finds free slots
+        response = fn.post_entry(pending_event(pods[0]))
+        deliveries += 1
+    assert response.status_code == 200
+    assert world.gke.answered("create", 200) == 16
+    assert world.gke.answered("create", 409) == 0
+    assert len(managed(world)) == 16
+    assert deliveries == 4  # four accepted per delivery under a limit of four
+
+
+def test_deadline_stops_new_creates_before_the_service_timeout(world):
+    fn = configure(world, create_concurrency=1, request_deadline_seconds=1)
+    pods = submit(world, replicas=12)
+    world.gke.set_latency(0.4, ("create",))
+    response = fn.post_entry(pending_event(pods[0]))
+    assert response.status_code == 503
+    sent = world.gke.count("create")
+    # One at a time at 0.4 s each: at most four start inside a one-second budget, never all twelve.
+    assert 1 <= sent <= 4
+    assert world.gke.answered("create", 200) == sent
+
+
+def test_reconcile_pages_its_lists_and_asks_only_for_pending_pods(world):
+    from shared.cloud.gke import GkeNodePoolAPI
+    from shared.cloud.kube import KubeClient
+    from shared.provisioning.reconciler import Reconciler
+
+    pods = submit(world, replicas=5)
+    for pod in pods[:2]:  # two pods already run somewhere
+        world.kube.patch_status("v1", "pods", "team-a", pod["metadata"]["name"], {"phase": "Running"})
+    world.kube.clear_requests()
+    kube = KubeClient(world.kube.api_client(), page_size=2)
+    summary = Reconciler(world.settings, GkeNodePoolAPI(world.gke.url), kube).sweep()
+    assert summary.requested == 5  # the first pending pod's replicated job, all five slices
+    lists = [path for method, path in world.kube.requests if method == "GET" and "limit=2" in path]
+    pod_pages = [p for p in lists if p.startswith("/api/v1/pods")]
+    assert pod_pages and all("fieldSelector=status.phase%3DPending" in p for p in pod_pages)
+    assert len(pod_pages) == 2  # three pending pods, two per page
+    assert any("/jobsets" in p for p in lists)
