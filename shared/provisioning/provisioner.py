@@ -153,7 +153,7 @@ class Provisioner:
         with self.known_pools.single_flight(
             f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
         ):
-            if self.known_pools.known(spec.name):
+            if self.known_pools.known(spec.name, _created(pod)):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
@@ -173,10 +173,20 @@ class Provisioner:
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
+            if existing.status in (STATUS_ERROR, STATUS_STOPPING):
+                self.known_pools.forget(spec.name)  # on its way out: the next event must list again
+            else:
+                self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
                 why += "; reconcile recycles failed pools"
-            elif existing.status != STATUS_STOPPING:
-                self.known_pools.remember(spec.name)
+                # The JobSet hears about it now, not at the next reconcile (aggregated: one Event).
+                self.kube.record_event(
+                    _jobset_ref(request),
+                    labels.REASON_FAILED,
+                    f"node pool {spec.name} for {slice_desc} failed to provision: "
+                    f"{existing.status_message or 'status ERROR'}; it is recycled by the next reconcile",
+                    warning=True,
+                )
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
         # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
         # once per slice group, not per event.
@@ -208,6 +218,12 @@ class Provisioner:
                 == CREATED
             ):
                 created.append(sibling_spec.name)
+        if created:
+            # One Event per group, naming every pool: on the JobSet and on the pod that asked.
+            names = ", ".join(created)
+            message = f"requested node pools {names} for {request.slice_id.replicated_job}: {outcome.why}"
+            self.kube.record_event(_jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
+            self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, message)
         return dataclasses.replace(outcome, requested=tuple(created))
 
     def _create(
@@ -258,7 +274,6 @@ class Provisioner:
                 labels=dict(spec.labels),
             )
         )
-        self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -289,3 +304,27 @@ class Provisioner:
 
 def _ref(pod: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata") or {}}
+
+
+def _jobset_ref(request: SliceRequest, jobset: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JobSet of a slice as an Event's involved object (from the pod's claims when not read)."""
+    sid = request.slice_id
+    meta = (jobset or {}).get("metadata") or {
+        "name": sid.jobset,
+        "namespace": sid.namespace,
+        "uid": sid.jobset_uid,
+    }
+    return {
+        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": meta,
+    }
+
+
+def _created(pod: dict[str, Any]) -> float | None:
+    """The pod's creationTimestamp in Unix seconds (None when absent or unreadable)."""
+    stamp = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+    except ValueError:
+        return None
