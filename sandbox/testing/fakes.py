@@ -38,6 +38,7 @@ class FakeGke:
         self.specs: dict[str, NodePoolSpec] = {}
         self.calls: list[tuple[str, str]] = []
         self.relabels: list[tuple[str, dict[str, str], str]] = []
+        self.before_delete: Callable[[str], None] | None = None  # runs as a delete call arrives
         self._faults: dict[str, list[Exception]] = {}
         self._ops = itertools.count(1)
         self._lock = threading.Lock()
@@ -112,6 +113,8 @@ class FakeGke:
         """Remove the pool; 404 if it does not exist."""
         with self._lock:
             self._enter("delete", name)
+            if self.before_delete is not None:
+                self.before_delete(name)
             if name not in self.pools.get(cluster, {}):
                 raise NotFoundError(f"404 node pool {name} not found")
             del self.pools[cluster][name]
@@ -172,9 +175,10 @@ def _label_match(obj_labels: Mapping[str, str], selector: str) -> bool:
 class FakeKube:
     """``KubeAPI`` over dicts of pods, JobSets and Nodes; records Events aggregated like the recorder.
 
-    ``arrivals`` models the scheduler racing a release: after every pod listing, each queued
-    ``(namespace, pod, node)`` binds the pending pod to the node if (and only if) the node is
-    schedulable, exactly as kube-scheduler never binds a new pod to a cordoned node.
+    ``arrivals`` models the scheduler racing a release: ``schedule()`` binds each queued
+    ``(namespace, pod, node)`` pending pod to its node if (and only if) the node is schedulable,
+    exactly as kube-scheduler never binds a new pod to a cordoned node. Tests call it at the worst
+    moment, e.g. from ``FakeGke.before_delete``.
     """
 
     def __init__(self) -> None:
@@ -243,10 +247,10 @@ class FakeKube:
             and _label_match(p["metadata"].get("labels") or {}, label_selector)
             and _field_match(p, field_selector)
         ]
-        self._schedule_arrivals()
         return found
 
-    def _schedule_arrivals(self) -> None:
+    def schedule(self) -> None:
+        """Bind every queued arrival whose node is schedulable; the others keep waiting."""
         waiting = []
         for namespace, pod, node in self.arrivals:
             target = self.nodes.get(node)

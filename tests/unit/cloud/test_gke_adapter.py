@@ -386,7 +386,11 @@ def test_set_node_pool_labels_replaces_labels_through_an_update_operation(
     gke_emulator.on_pool_updated(lambda cluster, pool: hooked.append(pool))
     op = gke_api.set_node_pool_labels(gke_cluster, "a", {"owner": "b", "team": "x"}, why="adopted by b")
     info = gke_api.get_operation(op)
-    assert (info.status, info.operation_type, info.target) == ("DONE", "UPGRADE_NODES", f"{gke_cluster}/nodePools/a")
+    assert (info.status, info.operation_type, info.target) == (
+        "DONE",
+        "UPGRADE_NODES",
+        f"{gke_cluster}/nodePools/a",
+    )
     pool = gke_api.get_node_pool(gke_cluster, "a")
     # NodeLabels replaces the whole set: the create-time labels are gone, nothing else changed.
     assert (pool.labels, pool.status, pool.machine_type, pool.node_count) == (
