@@ -256,34 +256,30 @@ def decide(
 
 
 def demand(
-    jobsets: Iterable[Mapping[str, Any]],
-    pending_pods: Iterable[Mapping[str, Any]],
-    pool_names: Iterable[str],
-    settings: Settings,
+    jobsets: Iterable[Mapping[str, Any]], pool_names: Iterable[str], settings: Settings
 ) -> list[Demand]:
-    """The slices waiting JobSets need and have no pool of their own for: each slice of a live
-    suspended JobSet (Kueue admits it and its pods land on whatever fits) and of each unschedulable
-    pod. A slice whose own pool exists or is on its way is not waiting for someone else's."""
+    """The slices of live suspended JobSets (Kueue-queued) that have no pool of their own.
+
+    When Kueue admits such a JobSet its pods appear and bind at once to any idle pool of their shape,
+    so an idle pool is worth holding for it. Pods already Pending are deliberately not demand: the
+    provision function creates their own pools on their first event, and holding another pool for
+    them as well would pay for two.
+    """
     existing = set(pool_names)
     found: list[Demand] = []
     seen: set[str] = set()
-
-    def add(pod: Mapping[str, Any]) -> None:
-        try:
-            request = slice_request(pod)
-            spec, _ = build_node_pool(settings, request)
-        except (NotEligible, Refused):
-            return
-        if spec.name in seen or spec.name in existing:
-            return
-        seen.add(spec.name)
-        sid = request.slice_id
-        found.append(Demand(spec_shape(spec), sid.namespace, sid.jobset, sid.jobset_uid, sid.describe()))
-
     for jobset in jobsets:
-        if is_live(jobset) and (jobset.get("spec") or {}).get("suspend"):
-            for planned in expand_pods(dict(jobset)):
-                add(planned)
-    for pending in pending_pods:
-        add(pending)
+        if not (is_live(jobset) and (jobset.get("spec") or {}).get("suspend")):
+            continue
+        for planned in expand_pods(dict(jobset)):
+            try:
+                request = slice_request(planned)
+                spec, _ = build_node_pool(settings, request)
+            except (NotEligible, Refused):
+                continue
+            if spec.name in seen or spec.name in existing:
+                continue
+            seen.add(spec.name)
+            sid = request.slice_id
+            found.append(Demand(spec_shape(spec), sid.namespace, sid.jobset, sid.jobset_uid, sid.describe()))
     return found

@@ -283,10 +283,7 @@ class Releaser:
     ) -> list[occupancy.Demand]:
         if all_jobsets is None:
             all_jobsets = self.kube.list_jobsets()
-        pending = self.kube.list_pods(
-            label_selector=labels.JOBSET_NAME, field_selector="status.phase=Pending"
-        )
-        return occupancy.demand(all_jobsets, pending, (p.name for p in listing), self.settings)
+        return occupancy.demand(all_jobsets, (p.name for p in listing), self.settings)
 
     def _delete(
         self, pool: NodePoolInfo, why: str, trigger: str, outcome: Outcome, fields: dict[str, str]

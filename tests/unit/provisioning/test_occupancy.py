@@ -251,38 +251,30 @@ def _slices(jobset: dict[str, Any]) -> list[tuple[str, Any]]:
     return sorted({(s.name, spec_shape(s)) for s in specs})
 
 
+def _queued(name: str, **changes: Any) -> dict[str, Any]:
+    jobset = tpu_jobset(name, "team-a", replicas=2)
+    jobset["spec"]["suspend"] = True
+    jobset.update(changes)
+    return jobset
+
+
+QUEUED = _queued("queued")
+
+
 @pytest.mark.parametrize(
-    ("case", "expected_names"),
+    ("jobsets", "existing", "expected"),
     [
-        ("suspended", "queued"),
-        ("running", None),
-        ("pending-own-pool-missing", "pending"),
-        ("pending-own-pool-exists", None),
-        ("completed-suspended", None),
+        ([QUEUED], [], [s for _, s in _slices(QUEUED)]),
+        ([QUEUED], [n for n, _ in _slices(QUEUED)][:1], [s for _, s in _slices(QUEUED)][1:]),
+        ([tpu_jobset("running", "team-a")], [], []),
+        ([_queued("done", status={"conditions": [{"type": "Completed", "status": "True"}]})], [], []),
+        (
+            [_queued("bye", metadata={**QUEUED["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"})],
+            [],
+            [],
+        ),
     ],
-    ids=lambda v: str(v),
+    ids=["suspended", "own-pool-exists", "running", "terminal", "being-deleted"],
 )
-def test_demand(case: str, expected_names: str | None) -> None:
-    queued = tpu_jobset("queued", "team-a", replicas=2)
-    queued["spec"]["suspend"] = True
-    running = tpu_jobset("running", "team-a", replicas=1)
-    pending = tpu_jobset("pending", "team-a", replicas=1)
-    jobsets: list[dict[str, Any]] = []
-    pods: list[dict[str, Any]] = []
-    existing: list[str] = []
-    if case == "suspended":
-        jobsets = [queued]
-    elif case == "running":
-        jobsets = [running]
-    elif case.startswith("pending"):
-        jobsets, pods = [pending], expand_pods(pending)
-        if case.endswith("exists"):
-            existing = [n for n, _ in _slices(pending)]
-    else:
-        queued["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
-        jobsets = [queued]
-    found = demand(jobsets, pods, existing, SETTINGS)
-    by_name = {"queued": queued, "pending": pending}
-    want = [] if expected_names is None else [s for _, s in _slices(by_name[expected_names])]
-    assert sorted((d.shape for d in found), key=repr) == sorted(want, key=repr)
-    assert all(d.name == expected_names for d in found)
+def test_demand(jobsets: list[dict[str, Any]], existing: list[str], expected: list[Any]) -> None:
+    assert [d.shape for d in demand(jobsets, existing, SETTINGS)] == expected

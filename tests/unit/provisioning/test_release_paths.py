@@ -333,7 +333,9 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
     kube.jobsets[("team-a", "a")]["status"] = {}
     fresh = submit(kube, kube.jobsets[("team-a", "a")])
     for pod in fresh:
-        pod["metadata"]["creationTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+        pod["metadata"]["creationTimestamp"] = datetime.datetime.now(tz=datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
     assert service.handle_pending_pod("team-a", fresh[0]["metadata"]["name"], NOW).result == CREATED
 
 
