@@ -32,12 +32,21 @@ GKE_METHODS = (
     "get_node_pool",
     "create_node_pool",
     "delete_node_pool",
+    "set_node_pool_labels",
     "get_operation",
 )
-KUBE_METHODS = ("get_pod", "list_pods", "get_jobset", "list_jobsets", "record_event")
+KUBE_METHODS = (
+    "get_pod",
+    "list_pods",
+    "list_nodes",
+    "set_unschedulable",
+    "get_jobset",
+    "list_jobsets",
+    "record_event",
+)
 READ_METHODS = frozenset(
     {"get_cluster", "list_node_pools", "get_node_pool", "get_operation", "get_pod", "list_pods"}
-    | {"get_jobset", "list_jobsets"}
+    | {"get_jobset", "list_jobsets", "list_nodes"}
 )
 
 

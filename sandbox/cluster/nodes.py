@@ -3,7 +3,8 @@
 When the GKE emulator finishes creating a pool, one Node per VM appears (``gke-<cluster>-<pool>-<i>``)
 with the labels GKE puts on TPU nodes (node pool, accelerator, topology, the pool's own node labels)
 and ``google.com/tpu`` capacity equal to the chips of one VM. When a pool is deleted its Nodes go,
-and pods still running on them fail, which the JobSet controller then sees.
+and pods still running on them fail, which the JobSet controller then sees. When a pool's node
+labels are updated, its Nodes' labels follow.
 
 The GKE hooks fire on the emulator's request or ticker threads; the work is queued to a worker so
 a slow Kubernetes write never holds a GKE request.
@@ -101,6 +102,8 @@ class NodeMirror:
         """Register on a ``GkeEmulator`` (``on_pool_ready`` / ``on_pool_deleted``)."""
         gke.on_pool_ready(lambda cluster, pool: self._enqueue(("ready", cluster, pool)))
         gke.on_pool_deleted(lambda cluster, name: self._enqueue(("deleted", cluster, name)))
+        if hasattr(gke, "on_pool_updated"):
+            gke.on_pool_updated(lambda cluster, pool: self._enqueue(("updated", cluster, pool)))
 
     def start(self) -> None:
         """Start the worker thread."""
@@ -134,6 +137,8 @@ class NodeMirror:
             return
         if kind == "ready":
             self._pool_ready(payload)
+        elif kind == "updated":
+            self._pool_updated(payload)
         else:
             self._pool_deleted(str(payload))
 
@@ -146,6 +151,22 @@ class NodeMirror:
             self.ctx.timeline.add(
                 "nodes", f"pool {pool.get('name')} RUNNING: {len(nodes)} node(s) Ready {topology}".rstrip()
             )
+
+    def _pool_updated(self, pool: Mapping[str, Any]) -> None:
+        # GKE applies a pool's new node labels to its running nodes (no recreation): the Node keeps
+        # its spec (a cordon stays) and annotations, only the labels follow the pool.
+        wanted = {
+            str(n["metadata"]["name"]): n["metadata"]["labels"] for n in node_objects(self.cluster_name, pool)
+        }
+        with self.ctx.lock:
+            for node in self.ctx.api.list(
+                "v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool.get('name')}"
+            ):
+                name = str(node["metadata"]["name"])
+                if name in wanted:
+                    node["metadata"]["labels"] = dict(wanted[name])
+                    self.ctx.api.put(node)
+            self.ctx.timeline.add("nodes", f"pool {pool.get('name')} updated: node labels follow the pool")
 
     def _pool_deleted(self, pool: str) -> None:
         api = self.ctx.api

@@ -11,9 +11,10 @@ import copy
 import dataclasses
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from shared.core import labels as keys
 from shared.core.errors import (
     AlreadyExistsError,
     NotFoundError,
@@ -23,6 +24,7 @@ from shared.core.errors import (
 )
 from shared.tpu.nodepools import (
     STATUS_PROVISIONING,
+    STATUS_RECONCILING,
     STATUS_STOPPING,
     ClusterInfo,
     NodePoolInfo,
@@ -57,6 +59,8 @@ class FakeGke:
         self.pools: dict[str, dict[str, NodePoolInfo]] = {}
         self.specs: dict[str, NodePoolSpec] = {}
         self.calls: list[tuple[str, str]] = []
+        self.relabels: list[tuple[str, dict[str, str], str]] = []
+        self.before_delete: Callable[[str], None] | None = None  # runs as a delete call arrives
         self._faults: dict[str, list[Exception]] = {}
         self._ops = itertools.count(1)
         self._lock = threading.Lock()
@@ -136,6 +140,8 @@ class FakeGke:
                 labels=dict(spec.labels),
                 node_locations=spec.node_locations,
                 tpu_topology=spec.placement.tpu_topology if spec.placement else "",
+                spot=spec.spot,
+                reservation=spec.reservation.value if spec.reservation else "",
             )
             self.specs[spec.name] = spec
             return f"operation-{next(self._ops)}"
@@ -144,9 +150,24 @@ class FakeGke:
         """Remove the pool; 404 if it does not exist."""
         with self._lock:
             self._enter("delete", name)
+            if self.before_delete is not None:
+                self.before_delete(name)
             if name not in self.pools.get(cluster, {}):
                 raise NotFoundError(f"404 node pool {name} not found")
             del self.pools[cluster][name]
+            return f"operation-{next(self._ops)}"
+
+    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
+        """Replace the pool's node labels; 404 if missing, GKE's busy error while it is being deleted."""
+        with self._lock:
+            self._enter("set_labels", name)
+            pool = self.pools.get(cluster, {}).get(name)
+            if pool is None:
+                raise NotFoundError(f"404 node pool {name} not found")
+            if pool.status in (STATUS_STOPPING, STATUS_RECONCILING):
+                raise TransientError(_INCOMPATIBLE)
+            self.pools[cluster][name] = dataclasses.replace(pool, labels=dict(labels))
+            self.relabels.append((name, dict(labels), why))
             return f"operation-{next(self._ops)}"
 
     def mark(self, cluster: str, name: str, status: str, message: str = "") -> None:
@@ -164,13 +185,46 @@ class FakeGke:
         return sorted(n for n, p in self.pools.get(cluster, {}).items() if p.status != STATUS_STOPPING)
 
 
+def _field_match(obj: Mapping[str, Any], selector: str) -> bool:
+    """``spec.nodeName`` / ``status.phase`` field selectors with =, == and != terms, ANDed by commas."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        negate = "!=" in term
+        field, value = term.replace("!=", "=").replace("==", "=").split("=", 1)
+        if field not in ("spec.nodeName", "status.phase", "metadata.name", "metadata.namespace"):
+            raise RejectedError(f'400 field label not supported: "{field}"', 400)
+        node: Any = obj
+        for part in field.split("."):
+            node = (node or {}).get(part) if isinstance(node, Mapping) else None
+        if (str(node or "") == value) == negate:
+            return False
+    return True
+
+
+def _label_match(obj_labels: Mapping[str, str], selector: str) -> bool:
+    """``key`` (exists) and ``key=value`` label selector terms, ANDed by commas."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        key, eq, value = term.partition("=")
+        if key not in obj_labels or (eq and obj_labels[key] != value):
+            return False
+    return True
+
+
 class FakeKube:
-    """``KubeAPI`` over dicts of pods and JobSets; records Events."""
+    """``KubeAPI`` over dicts of pods, JobSets and Nodes; records Events aggregated like the recorder.
+
+    ``arrivals`` models the scheduler racing a release: ``schedule()`` binds each queued
+    ``(namespace, pod, node)`` pending pod to its node if (and only if) the node is schedulable,
+    exactly as kube-scheduler never binds a new pod to a cordoned node. Tests call it at the worst
+    moment, e.g. from ``FakeGke.before_delete``.
+    """
 
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.jobsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.arrivals: list[tuple[str, str, str]] = []
+        self.cordons: list[tuple[str, bool, str]] = []
         self.reads = 0
         self.down = False
 
@@ -189,6 +243,27 @@ class FakeKube:
         meta = jobset["metadata"]
         self.jobsets[(meta.get("namespace", "default"), meta["name"])] = jobset
 
+    def add_pool_nodes(self, pool: NodePoolInfo, cluster_name: str = "c") -> list[str]:
+        """Register the Nodes GKE would for ``pool`` (one per VM, labelled with the pool's labels)."""
+        names = []
+        for index in range(pool.node_count):
+            name = f"gke-{cluster_name}-{pool.name}-{index}"
+            node_labels = {**pool.labels, keys.NODEPOOL: pool.name, "kubernetes.io/hostname": name}
+            self.nodes[name] = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": node_labels},
+                "spec": {},
+            }
+            names.append(name)
+        return names
+
+    def bind(self, namespace: str, pod: str, node: str) -> None:
+        """Bind a pod to a node and mark it Running (what the scheduler and kubelet do)."""
+        stored = self.pods[(namespace, pod)]
+        stored.setdefault("spec", {})["nodeName"] = node
+        stored["status"] = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """One pod or NotFoundError."""
         self._read()
@@ -200,19 +275,52 @@ class FakeKube:
     def list_pods(
         self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
     ) -> list[dict[str, Any]]:
-        """Pods, filtered by namespace, label-key existence selectors and ``status.phase=X``."""
+        """Pods, filtered by namespace, label selector and field selector."""
         self._read()
-        keys = [k for k in label_selector.split(",") if k]
-        phase = field_selector.removeprefix("status.phase=") if field_selector else ""
-        if field_selector and phase == field_selector:
-            raise RejectedError(f'400 field label not supported: "{field_selector}"', 400)
-        return [
+        found = [
             copy.deepcopy(p)
             for (ns, _), p in sorted(self.pods.items())
             if (namespace is None or ns == namespace)
-            and all(k in (p["metadata"].get("labels") or {}) for k in keys)
-            and (not phase or (p.get("status") or {}).get("phase", "Pending") == phase)
+            and _label_match(p["metadata"].get("labels") or {}, label_selector)
+            and _field_match(p, field_selector)
         ]
+        return found
+
+    def schedule(self) -> None:
+        """Bind every queued arrival whose node is schedulable; the others keep waiting."""
+        waiting = []
+        for namespace, pod, node in self.arrivals:
+            target = self.nodes.get(node)
+            if target is None or (target.get("spec") or {}).get("unschedulable"):
+                waiting.append((namespace, pod, node))
+                continue
+            self.bind(namespace, pod, node)
+        self.arrivals = waiting
+
+    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+        """Nodes filtered by a label selector."""
+        self._read()
+        return [
+            copy.deepcopy(n)
+            for _, n in sorted(self.nodes.items())
+            if _label_match(n["metadata"].get("labels") or {}, label_selector)
+        ]
+
+    def set_unschedulable(self, node: str, unschedulable: bool, why: str) -> None:
+        """Cordon or uncordon a node (with the product's annotation); 404 for a missing node."""
+        if self.down:
+            raise TransientError("Kubernetes API unreachable: connection refused")
+        stored = self.nodes.get(node)
+        if stored is None:
+            raise NotFoundError(f'404 nodes "{node}" not found')
+        annotations = stored["metadata"].setdefault("annotations", {})
+        if unschedulable:
+            stored.setdefault("spec", {})["unschedulable"] = True
+            annotations[keys.CORDONED] = why
+        else:
+            stored.setdefault("spec", {}).pop("unschedulable", None)
+            annotations.pop(keys.CORDONED, None)
+        self.cordons.append((node, unschedulable, why))
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """One JobSet or NotFoundError."""
@@ -230,18 +338,22 @@ class FakeKube:
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:
-        """Keep the Event for assertions."""
+        """Keep the Event for assertions; a repeat of (object, reason, message) bumps its count."""
         meta = involved.get("metadata") or {}
-        self.events.append(
-            {
-                "kind": involved.get("kind"),
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "reason": reason,
-                "message": message,
-                "type": "Warning" if warning else "Normal",
-            }
-        )
+        event = {
+            "kind": involved.get("kind"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid", ""),
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+        }
+        for existing in self.events:
+            if {k: existing[k] for k in event} == event:
+                existing["count"] += 1
+                return
+        self.events.append({**event, "count": 1})
 
     def reasons(self) -> list[str]:
         """The reasons of all recorded Events, in order."""

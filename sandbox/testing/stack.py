@@ -143,8 +143,17 @@ def assert_clean_run(
     assert set(created.values()) == {creates_per_pool}, f"successful creates per pool: {dict(created)}"
     assert set(create_requests(stack, name)) == set(created), "GKE saw creates for other pool names"
     assert owned_pools(stack, name) == [], "pools left behind"
+    # One Requested Event per group, on the JobSet and on the pod that asked, naming its pools.
     requested = events_about(stack, labels.REASON_REQUESTED, name)
-    assert len(requested) == slices * creates_per_pool, [e.get("message") for e in requested]
+    on_jobset = [e for e in requested if (e.get("involvedObject") or {}).get("kind") == "JobSet"]
+    named = {
+        word.rstrip(",")
+        for event in on_jobset
+        for word in str(event.get("message", "")).split(" for ")[0].split()
+        if word.startswith("tpu-")
+    }
+    assert named == set(created), [e.get("message") for e in requested]
+    assert len(requested) == 2 * len(on_jobset), [e.get("message") for e in requested]
     if not released_event:  # a deleted JobSet has nothing left to record the release on
         return
     released = events_about(stack, labels.REASON_RELEASED, name)

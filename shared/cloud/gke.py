@@ -20,6 +20,7 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shared.core.errors import (
@@ -112,6 +113,8 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
         node_locations=tuple(pool.locations),
         status_message=pool.status_message,
         tpu_topology=pool.placement_policy.tpu_topology,
+        spot=bool(pool.config.spot),
+        reservation=next(iter(pool.config.reservation_affinity.values), ""),
     )
 
 
@@ -179,6 +182,8 @@ def _raise_translated(exc: Exception, what: str) -> NoReturn:
             raise OperationLimitError(why) from exc
         if code == 429 or code >= 500 or isinstance(exc, core.Cancelled):
             raise TransientError(why) from exc
+        if code == 400 and _busy(str(exc.message)):
+            raise TransientError(why) from exc
         raise RejectedError(why, code or 400) from exc
     if isinstance(exc, core.GoogleAPIError):  # RetryError and friends: nothing was refused
         raise TransientError(f"GKE {what}: {exc}") from exc
@@ -189,6 +194,14 @@ def _raise_translated(exc: Exception, what: str) -> NoReturn:
     if _is_transport_failure(exc):
         raise TransientError(f"GKE {what}: {type(exc).__name__}: {exc}") from exc
     raise exc
+
+
+def _busy(message: str) -> bool:
+    # GKE runs one operation per node pool (and some per cluster) at a time; a second one is refused
+    # with "Cluster is running incompatible operation ..." or "Operation ... is currently ... Please
+    # wait and try again once it is done." Both clear once the running operation ends.
+    text = message.lower()
+    return "incompatible operation" in text or "please wait and try again" in text
 
 
 def _is_transport_failure(exc: Exception) -> bool:
@@ -290,6 +303,30 @@ class GkeNodePoolAPI:
             extra={"fields": {"event": "gke.delete_node_pool", "pool": name, "cluster": cluster, "why": why}},
         )
         operation = self._call(f"delete node pool {path}", "delete_node_pool", name=path)
+        return operation_to_info(operation, parent).name
+
+    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
+        """Replace the pool's node labels through ``UpdateNodePool`` and return the operation path.
+
+        ``UpdateNodePoolRequest.labels`` (a ``NodeLabels``) replaces every node label of the pool and
+        GKE applies them to the running nodes without recreating them; no other field is sent, so
+        nothing else about the pool changes.
+        """
+        from google.cloud import container_v1 as gke
+
+        parent = _location_parent(cluster)
+        path = f"{cluster}/nodePools/{name}"
+        _log.info(
+            "relabelling node pool %s in %s: %s",
+            name,
+            cluster,
+            why,
+            extra={
+                "fields": {"event": "gke.set_node_pool_labels", "pool": name, "cluster": cluster, "why": why}
+            },
+        )
+        request = gke.UpdateNodePoolRequest(name=path, labels=gke.NodeLabels(labels=dict(labels)))
+        operation = self._call(f"relabel node pool {path}", "update_node_pool", request=request)
         return operation_to_info(operation, parent).name
 
     def get_operation(self, operation: str) -> OperationInfo:

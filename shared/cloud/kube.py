@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import json
 import tempfile
 from collections.abc import Callable, Mapping
@@ -73,6 +74,19 @@ def event_object(
     }
 
 
+def event_name(involved: dict[str, Any], reason: str, message: str) -> str:
+    """The deterministic name of the Event about ``involved`` with this reason and message.
+
+    Kubernetes' event recorder aggregates repeats of one (object, reason, message) into one Event
+    whose ``count`` and ``lastTimestamp`` grow; a name derived from exactly those lets stateless
+    function instances do the same: the first create wins, every repeat answers 409 and bumps it.
+    """
+    meta = involved.get("metadata") or {}
+    key = "\x00".join((str(meta.get("uid", "")), str(meta.get("name", "")), reason, message[:1024]))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{str(meta.get('name') or 'object')[:200]}.{digest}"
+
+
 class KubeClient:
     """``KubeAPI`` over ``kubernetes.client.ApiClient`` (raw JSON, errors wrapped)."""
 
@@ -111,6 +125,27 @@ class KubeClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
         return self._list(path, {"labelSelector": label_selector, "fieldSelector": field_selector})
 
+    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+        """Nodes, optionally filtered by a label selector."""
+        return self._list("/api/v1/nodes", {"labelSelector": label_selector})
+
+    def set_unschedulable(self, node: str, unschedulable: bool, why: str) -> None:
+        """Cordon or uncordon ``node`` with one JSON merge patch (``kubectl cordon`` does the same)."""
+        # The annotation names the product and the reason, so an operator running `kubectl describe
+        # node` sees who cordoned it; null removes it again on uncordon.
+        patch = {
+            "metadata": {"annotations": {labels.CORDONED: why[:1024] if unschedulable else None}},
+            "spec": {"unschedulable": True if unschedulable else None},
+        }
+        request_json(
+            self.api_client,
+            "PATCH",
+            f"/api/v1/nodes/{quote(node)}",
+            body=patch,
+            content_type="application/merge-patch+json",
+            timeout=self.timeout,
+        )
+
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """One JobSet. Raises NotFoundError."""
         path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}/{quote(name)}"
@@ -127,11 +162,29 @@ class KubeClient:
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:
-        """Record a core/v1 Event; best effort, because the decision it reports was already made."""
-        event = event_object(involved, reason, message, warning=warning)
-        namespace = event["metadata"]["namespace"]
+        """Record a core/v1 Event, aggregated like Kubernetes' recorder; best effort, because the
+        decision it reports was already made.
+
+        The Event's name is derived from (object, reason, message): a repeat meets 409 and bumps
+        ``count`` and ``lastTimestamp`` of the existing Event instead of adding another object.
+        """
+        name = event_name(involved, reason, message)
+        event = event_object(involved, reason, message, warning=warning, name=name)
+        events = f"/api/v1/namespaces/{quote(event['metadata']['namespace'])}/events"
         try:
-            self._call("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=event)
+            try:
+                self._call("POST", events, body=event)
+            except AlreadyExistsError:
+                existing = self._call("GET", f"{events}/{quote(name)}")
+                bump = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": _now()}
+                request_json(
+                    self.api_client,
+                    "PATCH",
+                    f"{events}/{quote(name)}",
+                    body=bump,
+                    content_type="application/merge-patch+json",
+                    timeout=self.timeout,
+                )
         except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
             logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
 

@@ -43,6 +43,11 @@ class NodePoolAPI(Protocol):
         """Start deleting a pool. Raises NotFoundError, RejectedError or TransientError."""
         ...
 
+    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
+        """Replace the pool's node labels (GKE relabels its nodes). Raises NotFoundError,
+        RejectedError or TransientError (e.g. another operation runs on the pool)."""
+        ...
+
     def get_operation(self, operation: str) -> OperationInfo:
         """Fetch an operation by its resource path."""
         ...
@@ -58,7 +63,17 @@ class KubeAPI(Protocol):
     def list_pods(
         self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
     ) -> list[dict[str, Any]]:
-        """Pods, optionally in one namespace and filtered by label and field selectors."""
+        """Pods, optionally in one namespace and filtered by label and field selectors (server side,
+        e.g. ``spec.nodeName=N,status.phase!=Succeeded``)."""
+        ...
+
+    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+        """Nodes, optionally filtered by a label selector (e.g. ``cloud.google.com/gke-nodepool=P``)."""
+        ...
+
+    def set_unschedulable(self, node: str, unschedulable: bool, why: str) -> None:
+        """Cordon (True) or uncordon (False) a node; a cordon carries the ``tpuprov.dev/cordoned``
+        annotation saying why, an uncordon removes it. Raises NotFoundError for a missing node."""
         ...
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:

@@ -42,6 +42,12 @@ OWNER_NAME = f"{PRODUCT_DOMAIN}/jobset-name"
 OWNER_UID = f"{PRODUCT_DOMAIN}/jobset-uid"
 OWNER_REPLICATED_JOB = f"{PRODUCT_DOMAIN}/replicated-job"
 OWNER_JOB_INDEX = f"{PRODUCT_DOMAIN}/job-index"
+# Node label (on an idle pool whose owner is gone): when it became idle, in Unix seconds. The
+# handover window of an idle pool is measured from it when no owner condition says when it ended.
+IDLE_SINCE = f"{PRODUCT_DOMAIN}/idle-since"
+# Node annotation set while the product cordons a node before deleting its pool: says who and why,
+# and lets the product lift only its own cordons (never an operator's).
+CORDONED = f"{PRODUCT_DOMAIN}/cordoned"
 # A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.
 OPT_OUT = f"{PRODUCT_DOMAIN}/opt-out"
 # Resource (GCE) labels allow neither dots nor slashes; billing exports group by these.
@@ -53,4 +59,5 @@ REASON_REQUESTED = "TPUSliceRequested"
 REASON_REFUSED = "TPUSliceRefused"
 REASON_FAILED = "TPUSliceFailed"
 REASON_RELEASED = "TPUSliceReleased"
+REASON_ADOPTED = "TPUSliceAdopted"
 EVENT_COMPONENT = "tpu-provisioner"

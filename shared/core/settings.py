@@ -38,6 +38,13 @@ def _int(raw: str, name: str, minimum: int = 0) -> int:
     return value
 
 
+# Upper bounds of settings whose large values would break a function's time budget or leak money.
+_MAXIMUM = {
+    "cordon_settle_seconds": 30,  # the release call sleeps this long inside one delivery
+    "idle_pool_seconds": 3600,  # an idle TPU slice costs money every second it is kept
+}
+
+
 def _list(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
@@ -89,6 +96,11 @@ class Settings:
     # Release / reconcile.
     release_grace_seconds: int = 0  # wait this long after Completed before releasing
     suspend_grace_seconds: int = 600  # release pools of a suspended JobSet after this long
+    # Wait between cordoning a pool's nodes and checking who runs there: a scheduler decision made
+    # just before the cordon may still bind just after it.
+    cordon_settle_seconds: int = 1
+    # Keep an idle pool this long for a waiting JobSet of exactly its shape before deleting it.
+    idle_pool_seconds: int = 120
 
     # Setup / Kueue.
     manifests_dir: str = "/app/manifests"
@@ -126,6 +138,9 @@ class Settings:
                 kwargs[field.name] = _bool(raw, name)
             elif isinstance(default, int):
                 kwargs[field.name] = _int(raw, name)
+                limit = _MAXIMUM.get(field.name)
+                if limit is not None and kwargs[field.name] > limit:
+                    raise InvalidInputError(f"setting {name}={kwargs[field.name]} must be <= {limit}")
             elif isinstance(default, tuple):
                 kwargs[field.name] = _list(raw) or (default if field.name == "oauth_scopes" else ())
             else:

@@ -18,16 +18,23 @@ class KnownPools:
 
     Only ever answers "known to exist" for a pool that was listed alive (not ERROR/STOPPING) or
     whose create GKE accepted (or answered 409) less than ``ttl`` seconds ago, so it can delay but
-    never suppress the create of a pool nobody has seen.
+    never suppress the create of a pool nobody has seen. A pool seen STOPPING or ERROR, or deleted
+    by this instance, is forgotten at once. A pod created after the pool was last seen (its Job was
+    recreated: the JobSet was un-suspended or restarted, and its pools may have been released
+    meanwhile) is never answered from memory, so such a pod's pools are requested within one event.
     """
 
     _PRUNE_AT = 4096  # entries; expired names are dropped when the map grows past this
 
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, ttl: float, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time
+    ) -> None:
         self.ttl = ttl
         self._clock = clock
+        self._wall = wall
         self._lock = threading.Lock()
         self._expiry: dict[str, float] = {}
+        self._seen_at: dict[str, float] = {}  # wall-clock time a pool was last seen to exist
         self._flights: dict[str, tuple[threading.Lock, int]] = {}
 
     def remember(self, name: str) -> None:
@@ -38,17 +45,24 @@ class KnownPools:
             now = self._clock()
             if len(self._expiry) >= self._PRUNE_AT:
                 self._expiry = {k: v for k, v in self._expiry.items() if v > now}
+                self._seen_at = {k: v for k, v in self._seen_at.items() if k in self._expiry}
             self._expiry[name] = now + self.ttl
+            self._seen_at[name] = self._wall()
 
     def forget(self, name: str) -> None:
-        """Stop trusting that pool ``name`` exists (the next event for it lists the pools again)."""
+        """Drop pool ``name`` (seen STOPPING or ERROR, or deleted): the next event lists again."""
         with self._lock:
             self._expiry.pop(name, None)
+            self._seen_at.pop(name, None)
 
-    def known(self, name: str) -> bool:
-        """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds."""
+    def known(self, name: str, pod_created: float | None = None) -> bool:
+        """Whether pool ``name`` was seen to exist within the last ``ttl`` seconds, and (when the
+        asking pod's creation time is given, in Unix seconds) before that pod was created."""
         with self._lock:
-            return self._expiry.get(name, 0.0) > self._clock()
+            if self._expiry.get(name, 0.0) <= self._clock():
+                return False
+            # creationTimestamp has whole seconds: a pod of the same second counts as newer.
+            return pod_created is None or pod_created < self._seen_at.get(name, 0.0) - 1.0
 
     @contextmanager
     def single_flight(self, name: str) -> Iterator[None]:

@@ -176,7 +176,7 @@ class Provisioner:
         with self.known_pools.single_flight(
             f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
         ):
-            if self.known_pools.known(spec.name):
+            if self.known_pools.known(spec.name, _created(pod)):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
@@ -197,10 +197,20 @@ class Provisioner:
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
+            if existing.status in (STATUS_ERROR, STATUS_STOPPING):
+                self.known_pools.forget(spec.name)  # on its way out: the next event must list again
+            else:
+                self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
                 why += "; reconcile recycles failed pools"
-            elif existing.status != STATUS_STOPPING:
-                self.known_pools.remember(spec.name)
+                # The JobSet hears about it now, not at the next reconcile (aggregated: one Event).
+                self.kube.record_event(
+                    _jobset_ref(request),
+                    labels.REASON_FAILED,
+                    f"node pool {spec.name} for {slice_desc} failed to provision: "
+                    f"{existing.status_message or 'status ERROR'}; it is recycled by the next reconcile",
+                    warning=True,
+                )
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled or not _group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
@@ -233,7 +243,7 @@ class Provisioner:
                 continue
             wanted.append(_Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:
-            outcomes = self._create_all(pod, wanted, shape, pools, budget)
+            outcomes = self._create_all(pod, wanted, shape, pools, budget, request, jobset)
         except TransientError:
             # The requesting pod's pool may be known now; forgetting it makes the redelivery list
             # the pools and finish the group instead of answering "known to exist".
@@ -252,6 +262,8 @@ class Provisioner:
         shape: catalog.SliceShape,
         pools: list[NodePoolInfo],
         budget: Budget,
+        request: SliceRequest,
+        jobset: dict[str, Any],
     ) -> list[Outcome]:
         """Create the wanted pools within the chip budget, ``CREATE_CONCURRENCY`` at a time.
 
@@ -283,6 +295,15 @@ class Provisioner:
                 failures.append(error)
                 continue
             outcomes[item.spec.name] = self._created(pod, item, shape, pools, error)
+        created = [
+            i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
+        ]
+        if created:
+            # One Event per group (or per part of it a delivery got through), naming every pool: on
+            # the JobSet and on the pod that asked.
+            message = f"requested node pools {', '.join(created)} for {request.slice_id.replicated_job}"
+            self.kube.record_event(_jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
+            self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, message)
         if failures or result.unsent:
             self._defer(pod, wanted, outcomes, failures, result.unsent, result.stopped)
         return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
@@ -322,7 +343,6 @@ class Provisioner:
             )
         )
         why = _why(item, shape)
-        self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, f"requested node pool {spec.name}: {why}")
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
 
     def _defer(
@@ -408,3 +428,27 @@ def _group_incomplete(pod: dict[str, Any], request: SliceRequest, pools: list[No
 
 def _ref(pod: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata") or {}}
+
+
+def _jobset_ref(request: SliceRequest, jobset: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JobSet of a slice as an Event's involved object (from the pod's claims when not read)."""
+    sid = request.slice_id
+    meta = (jobset or {}).get("metadata") or {
+        "name": sid.jobset,
+        "namespace": sid.namespace,
+        "uid": sid.jobset_uid,
+    }
+    return {
+        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": meta,
+    }
+
+
+def _created(pod: dict[str, Any]) -> float | None:
+    """The pod's creationTimestamp in Unix seconds (None when absent or unreadable)."""
+    stamp = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+    except ValueError:
+        return None

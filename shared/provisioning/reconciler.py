@@ -3,7 +3,9 @@
 Events can be lost, late or reordered; the sweep looks at what is (managed pools, JobSets, pending
 pods) and fixes what events missed: it releases pools whose JobSet is gone, over, replaced or
 suspended too long, recycles pools GKE failed to provision, and requests slices for pending pods
-that have none. It never touches a pool without the product's marker.
+that have none. Every release goes through ``Releaser.dispose``, so a pool some live JobSet runs on
+is adopted or kept, never deleted. It lifts cordons a crashed release left on pools it keeps, and
+never touches a pool without the product's marker.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, Refused, TransientError
 from shared.core.settings import Settings
+from shared.provisioning.guard import stale_cordons
 from shared.provisioning.provisioner import Provisioner
-from shared.provisioning.releaser import Releaser, Verdict, is_managed, judge
-from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
+from shared.provisioning.releaser import Releaser, Verdict, is_managed, jobset_ref, judge
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
 
 log = logs.get("reconcile")
@@ -34,6 +38,8 @@ class Summary:
     healed: int = 0
     requested: int = 0
     kept: int = 0
+    adopted: int = 0
+    offered: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -50,11 +56,13 @@ class Reconciler:
     def sweep(self) -> Summary:
         """Run one sweep. Raises TransientError (after doing all it could) if part of it must be retried."""
         summary = Summary()
-        pools = [p for p in self.gke.list_node_pools(self.settings.cluster_path) if is_managed(p)]
+        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        pools = [p for p in listing if is_managed(p)]
         summary.pools_seen = len(pools)
-        jobsets = {
+        all_jobsets = self.kube.list_jobsets()
+        jobsets: dict[tuple[str, str], dict[str, Any] | None] = {
             (js.get("metadata", {}).get("namespace", ""), js.get("metadata", {}).get("name", "")): js
-            for js in self.kube.list_jobsets()
+            for js in all_jobsets
         }
         now = datetime.datetime.now(tz=datetime.UTC)
 
@@ -65,32 +73,17 @@ class Reconciler:
             (p, Verdict(True, f"GKE could not provision it: {p.status_message or 'status ERROR'}"))
             for p in failed
         ]
-        try:
-            deleted = self.releaser.delete_pools(verdicts, "reconcile sweep")
-        except TransientError as exc:
-            summary.errors.append(exc.why)
-            deleted = []
-        deleted_names = {p.name for p in deleted}
-        summary.deleted = len(deleted)
-        summary.kept = sum(1 for _, v in verdicts if not v.delete)
-        for pool in failed:
-            if pool.name not in deleted_names:
-                continue
-            summary.healed += 1
-            jobset = jobsets.get(_key(pool))
-            if jobset is not None:
-                self.kube.record_event(
-                    {
-                        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
-                        "kind": "JobSet",
-                        **jobset,
-                    },
-                    labels.REASON_FAILED,
-                    f"node pool {pool.name} failed to provision and was deleted so the slice can be "
-                    f"requested "
-                    f"again: {pool.status_message or 'status ERROR'}",
-                    warning=True,
-                )
+        for pool in failed:  # the JobSet learns at once, whatever happens to the pool below
+            self._report_failed(pool, jobsets.get(_key(pool)))
+        outcome = self.releaser.dispose(verdicts, "reconcile sweep", jobsets, listing, all_jobsets)
+        summary.errors.extend(outcome.retry)
+        deleted_names = {p.name for p in outcome.deleted}
+        summary.deleted = len(outcome.deleted)
+        summary.kept = len(outcome.kept)
+        summary.adopted = len(outcome.adopted)
+        summary.offered = len(outcome.offered)
+        summary.healed = sum(1 for p in failed if p.name in deleted_names)
+        self._lift_stale_cordons(pools, deleted_names, now, summary)
 
         if not self.settings.drain:
             remaining = [p for p in pools if p.name not in deleted_names]
@@ -100,18 +93,46 @@ class Reconciler:
             log,
             "reconcile.summary",
             f"pools seen {summary.pools_seen}, deleted {summary.deleted}, healed {summary.healed}, "
-            f"requested {summary.requested}, kept {summary.kept}",
+            f"requested {summary.requested}, kept {summary.kept}, adopted {summary.adopted}, "
+            f"offered {summary.offered}",
             logging.WARNING if summary.errors else logging.INFO,
             pools_seen=summary.pools_seen,
             deleted=summary.deleted,
             healed=summary.healed,
             requested=summary.requested,
             kept=summary.kept,
+            adopted=summary.adopted,
+            offered=summary.offered,
             drain=self.settings.drain,
         )
         if summary.errors:
             raise TransientError("; ".join(summary.errors))
         return summary
+
+    def _report_failed(self, pool: NodePoolInfo, jobset: dict[str, Any] | None) -> None:
+        if jobset is None:
+            return
+        self.kube.record_event(
+            jobset_ref(jobset),
+            labels.REASON_FAILED,
+            f"node pool {pool.name} failed to provision: {pool.status_message or 'status ERROR'}; it is "
+            f"deleted (unless a workload runs on it) so the slice can be requested again",
+            warning=True,
+        )
+
+    def _lift_stale_cordons(
+        self, pools: list[NodePoolInfo], deleted: set[str], now: datetime.datetime, summary: Summary
+    ) -> None:
+        # A release that died between cordon and delete leaves nodes nothing can be scheduled on.
+        keep = {p.name for p in pools if p.name not in deleted and p.status != STATUS_STOPPING}
+        try:
+            for name, nodes in stale_cordons(self.kube, keep, now).items():
+                pool = next(p for p in pools if p.name == name)
+                self.releaser.guard.uncordon(
+                    pool, nodes, "the pool is kept; an earlier release did not finish"
+                )
+        except TransientError as exc:
+            summary.errors.append(exc.why)
 
     def _heal_missed(self, pools: list[NodePoolInfo], just_deleted: set[str], summary: Summary) -> int:
         # Pools deleted in this sweep are still listed by GKE (STOPPING); a pod that needs the same

@@ -80,6 +80,8 @@ class NodePoolInfo:
     status_message: str = ""
     tpu_topology: str = ""
     create_time: str = ""
+    spot: bool = False
+    reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
 
 
 @dataclasses.dataclass(frozen=True)

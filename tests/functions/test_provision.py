@@ -71,8 +71,13 @@ def test_pending_pod_creates_exactly_the_right_pool(world, fn, mode):
     assert pool["management"] == {"autoUpgrade": True, "autoRepair": True}
     assert pool["config"]["diskType"] == "hyperdisk-balanced"  # v6e boots from Hyperdisk only
     assert pool["locations"] == ["us-central2-b"]
-    [event] = events_with(world, labels.REASON_REQUESTED)
-    assert pool["name"] in event["message"] and event["involvedObject"]["name"] == pods[0]["metadata"]["name"]
+    # One Event per group, on the JobSet (`kubectl describe jobset`) and on the pod that asked.
+    events = events_with(world, labels.REASON_REQUESTED)
+    assert sorted((e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in events) == [
+        ("JobSet", "train"),
+        ("Pod", pods[0]["metadata"]["name"]),
+    ]
+    assert all(pool["name"] in e["message"] for e in events)
 
 
 def test_duplicates_and_every_pod_of_the_slices_converge_on_one_pool_per_slice(world, fn):

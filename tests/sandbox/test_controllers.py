@@ -186,3 +186,26 @@ def test_deleting_a_jobset_collects_its_pods(cluster: Cluster) -> None:
     eventually(lambda: not cluster.pods("bye"))
     time.sleep(0.3)
     assert not cluster.pods("bye")  # and the controller does not bring them back
+
+
+def test_node_labels_follow_a_pool_relabelled_through_gke(cluster: Cluster) -> None:
+    jobset = tpu_jobset("relabel", replicas=1, topology="2x2", run_seconds=60)
+    _submit(cluster, jobset)
+    eventually(lambda: _all_pending(cluster, "relabel"))
+    pool = cluster.provision(cluster.pods("relabel")[0])
+    selector = f"{labels.NODEPOOL}={pool}"
+    eventually(lambda: cluster.kube.list("v1", "nodes", label_selector=selector))
+    [node] = cluster.kube.list("v1", "nodes", label_selector=selector)
+    node["spec"]["unschedulable"] = True  # a cordon survives the relabel
+    cluster.kube.put(node)
+    new = {**node["metadata"]["labels"], labels.OWNER_NAME: "adopter"}
+    new = {k: v for k, v in new.items() if k.startswith("tpuprov.dev/")}
+    cluster.adapter.set_node_pool_labels(SETTINGS.cluster_path, pool, new, "adopted")
+
+    def relabelled() -> bool:
+        [current] = cluster.kube.list("v1", "nodes", label_selector=selector)
+        return current["metadata"]["labels"].get(labels.OWNER_NAME) == "adopter" and bool(
+            current["spec"].get("unschedulable")
+        )
+
+    eventually(relabelled)

@@ -1,10 +1,11 @@
 """A local, stateful emulator of the ``google.container.v1`` REST surface the provisioner uses.
 
 It answers the real ``ClusterManagerClient`` (REST transport, ``http://`` endpoint, anonymous
-credentials) on 127.0.0.1 for: get cluster, list/create node pools, get/delete a node pool and get an
-operation. Requests and responses use the same JSON mapping as GKE (camelCase fields, string or
-numeric enums as the client asks) and errors use the ``{"error": {"code", "message", "status"}}``
-shape, so the client raises the same ``google.api_core`` exceptions it raises against GKE.
+credentials) on 127.0.0.1 for: get cluster, list/create node pools, get/delete/update (node labels)
+a node pool and get an operation. Requests and responses use the same JSON mapping as GKE
+(camelCase fields, string or numeric enums as the client asks) and errors use the
+``{"error": {"code", "message", "status"}}`` shape, so the client raises the same
+``google.api_core`` exceptions it raises against GKE.
 
 In-process::
 
@@ -51,9 +52,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(rf"^{_CLUSTER}/nodePools$"), "create"),
     ("GET", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "get"),
     ("DELETE", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "delete"),
+    ("PUT", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "update"),
     ("GET", re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$"), "get_operation"),
 ]
 _CreateRequestPb: Any = cs.CreateNodePoolRequest.pb()
+_UpdateRequestPb: Any = cs.UpdateNodePoolRequest.pb()
 _ListResponsePb: Any = cs.ListNodePoolsResponse.pb()
 
 
@@ -102,6 +105,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         """Dispatch a DELETE."""
+        self.server.emulator._handle(self)
+
+    def do_PUT(self) -> None:
+        """Dispatch a PUT."""
         self.server.emulator._handle(self)
 
     def send_json(self, code: int, payload: str) -> None:
@@ -256,6 +263,10 @@ class GkeEmulator:
         """Call ``callback(cluster_path, pool_name)`` when a pool is gone."""
         self.state.on_pool_deleted(callback)
 
+    def on_pool_updated(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call ``callback(cluster_path, pool_json)`` when a pool update (e.g. new labels) is DONE."""
+        self.state.on_pool_updated(callback)
+
     def finish_operations(self) -> None:
         """Complete all running operations now."""
         self.state.finish_operations()
@@ -347,6 +358,16 @@ class GkeEmulator:
             return self.state.delete_pool(args[0], args[1])
         if kind == "get_operation":
             return self.state.get_operation(*args)
+        if kind == "update":
+            update = _UpdateRequestPb()
+            try:
+                json_format.Parse(body or b"{}", update)
+            except json_format.ParseError as err:
+                raise invalid(f"Invalid JSON payload received. {err}") from None
+            expected = f"{args[0]}/nodePools/{args[1]}"
+            if update.name and update.name != expected:
+                raise invalid(f"name {update.name!r} does not match the URL ({expected!r}).")
+            return self.state.update_pool(args[0], args[1], update)
         request = _CreateRequestPb()
         try:
             json_format.Parse(body or b"{}", request)

@@ -11,7 +11,7 @@ import threading
 from collections import Counter
 
 # The request kinds the emulator distinguishes; fault and count APIs take one of these.
-KINDS = ("get_cluster", "list", "get", "create", "delete", "get_operation")
+KINDS = ("get_cluster", "list", "get", "create", "delete", "update", "get_operation")
 
 _STATUS_BY_CODE = {
     400: "INVALID_ARGUMENT",

@@ -33,6 +33,7 @@ OperationPb: Any = cs.Operation.pb()
 
 PoolReadyHook = Callable[[str, dict[str, Any]], None]
 PoolDeletedHook = Callable[[str, str], None]
+PoolUpdatedHook = Callable[[str, dict[str, Any]], None]
 
 
 def _now_rfc3339() -> str:
@@ -117,6 +118,7 @@ class GkeState:
         self._strict = False
         self._ready_hooks: list[PoolReadyHook] = []
         self._deleted_hooks: list[PoolDeletedHook] = []
+        self._updated_hooks: list[PoolUpdatedHook] = []
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -163,6 +165,11 @@ class GkeState:
         """Call ``callback(cluster_path, pool_name)`` whenever a pool disappears."""
         with self._lock:
             self._deleted_hooks.append(callback)
+
+    def on_pool_updated(self, callback: PoolUpdatedHook) -> None:
+        """Call ``callback(cluster_path, pool_json)`` whenever an update operation finishes."""
+        with self._lock:
+            self._updated_hooks.append(callback)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -264,6 +271,24 @@ class GkeState:
             op = self._start(seed, cs.Operation.Type.DELETE_NODE_POOL, name)
         return self._after_start(op)
 
+    def update_pool(self, path: str, name: str, request: Any) -> Any:
+        """Start an ``UpdateNodePool``: the new node labels show at once, the pool is RECONCILING
+        until the UPGRADE_NODES operation is DONE (then the update hooks relabel the nodes)."""
+        self.advance()
+        with self._lock:
+            seed = self.cluster(path)
+            pool = self._pools[path].get(name)
+            if pool is None:
+                raise ApiError(404, "NOT_FOUND", f"Not found: {path}/nodePools/{name}.")
+            self._check_compatible(path, name)
+            if request.HasField("labels"):
+                # NodeLabels replaces every node label of the pool (it does not merge).
+                pool.config.ClearField("labels")
+                pool.config.labels.update(dict(request.labels.labels))
+            pool.status = cs.NodePool.Status.RECONCILING
+            op = self._start(seed, cs.Operation.Type.UPGRADE_NODES, name)
+        return self._after_start(op)
+
     def finish_operations(self) -> None:
         """Complete every running operation now (for tests that do not want to wait)."""
         with self._lock:
@@ -338,6 +363,10 @@ class GkeState:
             del self._pools[path][op.pool]
             name = op.pool
             return [functools.partial(hook, path, name) for hook in self._deleted_hooks]
+        if op.op_type == cs.Operation.Type.UPGRADE_NODES:
+            pool.status = cs.NodePool.Status.RUNNING
+            updated = to_dict(pool)
+            return [functools.partial(hook, path, dict(updated)) for hook in self._updated_hooks]
         if op.error:
             pool.status = cs.NodePool.Status.ERROR
             pool.status_message = op.error

@@ -69,6 +69,8 @@ def test_create_then_get_round_trips_the_spec(
         labels={"tpuprov/jobset": "train", "tpuprov/slice": "0"},
         node_locations=(ZONE,),
         tpu_topology="2x2x2",
+        spot=True,
+        reservation="projects/shared-proj/reservations/tpu-res",
     )
     [sent] = gke_emulator.pools(gke_cluster)
     config = sent["config"]
@@ -400,3 +402,44 @@ def test_client_is_built_lazily_and_cached(gke_emulator: GkeEmulator, gke_cluste
     api.list_node_pools(gke_cluster)
     assert api.client is api.client
     assert api.client.api_endpoint == gke_emulator.url
+
+
+def test_set_node_pool_labels_replaces_labels_through_an_update_operation(
+    gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
+) -> None:
+    gke_api.create_node_pool(gke_cluster, slice_spec("a"), why="slice a")
+    hooked: list[dict[str, Any]] = []
+    gke_emulator.on_pool_updated(lambda cluster, pool: hooked.append(pool))
+    op = gke_api.set_node_pool_labels(gke_cluster, "a", {"owner": "b", "team": "x"}, why="adopted by b")
+    info = gke_api.get_operation(op)
+    assert (info.status, info.operation_type, info.target) == (
+        "DONE",
+        "UPGRADE_NODES",
+        f"{gke_cluster}/nodePools/a",
+    )
+    pool = gke_api.get_node_pool(gke_cluster, "a")
+    # NodeLabels replaces the whole set: the create-time labels are gone, nothing else changed.
+    assert (pool.labels, pool.status, pool.machine_type, pool.node_count) == (
+        {"owner": "b", "team": "x"},
+        "RUNNING",
+        "ct5p-hightpu-4t",
+        2,
+    )
+    assert (pool.spot, pool.reservation) == (True, "projects/shared-proj/reservations/tpu-res")
+    assert [p["config"]["labels"] for p in hooked] == [{"owner": "b", "team": "x"}]
+    assert [c.method for c in gke_emulator.calls if c.method == "update"] == ["update"]
+
+
+def test_second_operation_on_a_pool_being_updated_is_transient(
+    gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
+) -> None:
+    gke_api.create_node_pool(gke_cluster, slice_spec("a"), why="slice a")
+    gke_emulator.set_op_delay(30)
+    gke_api.set_node_pool_labels(gke_cluster, "a", {"owner": "b"}, why="adopt")
+    assert gke_api.get_node_pool(gke_cluster, "a").status == "RECONCILING"
+    with pytest.raises(TransientError, match="incompatible operation"):
+        gke_api.set_node_pool_labels(gke_cluster, "a", {"owner": "c"}, why="adopt again")
+    with pytest.raises(TransientError, match="incompatible operation"):
+        gke_api.delete_node_pool(gke_cluster, "a", why="release")
+    with pytest.raises(NotFoundError):
+        gke_api.set_node_pool_labels(gke_cluster, "missing", {}, why="adopt")

@@ -1,0 +1,123 @@
+"""The Kubernetes side of a guarded pool delete: cordon, look who runs there, uncordon.
+
+Nothing new binds to an unschedulable node, so cordoning a pool's nodes *before* the last occupancy
+check closes the race between "nobody runs here" and the delete; without it a pod the scheduler
+binds in between dies with the pool. Cordons carry the ``tpuprov.dev/cordoned`` annotation (when
+and why), so the product only ever lifts its own cordons, never an operator's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shared.cloud.ports import KubeAPI
+from shared.core import labels, logs
+from shared.core.errors import NotFoundError
+from shared.tpu.nodepools import NodePoolInfo
+
+log = logs.get("release")
+
+# A cordon of ours older than this was left by an attempt that died between cordon and delete
+# (the settle wait plus a delete call take seconds): reconcile lifts it from pools it keeps.
+STALE_CORDON_SECONDS = 120
+
+
+def node_name(node: dict[str, Any]) -> str:
+    """The name of a Node object."""
+    return str((node.get("metadata") or {}).get("name", ""))
+
+
+def cordoned_by_us(node: dict[str, Any]) -> bool:
+    """Whether the node is unschedulable because the product cordoned it."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return bool((node.get("spec") or {}).get("unschedulable")) and labels.CORDONED in annotations
+
+
+def cordon_age(node: dict[str, Any], now: float) -> float:
+    """Seconds since the product cordoned the node (inf when the annotation has no time)."""
+    value = str(((node.get("metadata") or {}).get("annotations") or {}).get(labels.CORDONED, ""))
+    try:
+        return now - float(value.split(" ", 1)[0])
+    except ValueError:
+        return float("inf")
+
+
+class PoolGuard:
+    """Cordon / occupancy reads / uncordon for one pool's nodes."""
+
+    def __init__(self, kube: KubeAPI, settle_seconds: float, sleep: Callable[[float], None]) -> None:
+        self.kube = kube
+        self.settle_seconds = settle_seconds
+        self.sleep = sleep
+
+    def nodes(self, pool: NodePoolInfo) -> list[dict[str, Any]]:
+        """The pool's Kubernetes Nodes (GKE labels each with its pool name)."""
+        return self.kube.list_nodes(f"{labels.NODEPOOL}={pool.name}")
+
+    def pods_on(self, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every non-terminal pod bound to one of ``nodes`` (server-side field selectors)."""
+        pods: list[dict[str, Any]] = []
+        for node in nodes:
+            pods.extend(
+                self.kube.list_pods(
+                    field_selector=f"spec.nodeName={node_name(node)},status.phase!=Succeeded,status.phase!=Failed"
+                )
+            )
+        return pods
+
+    def cordon(self, pool: NodePoolInfo, nodes: list[dict[str, Any]], why: str) -> None:
+        """Cordon every node of the pool, then wait the settle time.
+
+        The real scheduler may have picked one of these nodes just before the cordon and bind just
+        after it; the settle wait lets such a binding land before the occupancy check reads it.
+        """
+        stamp = f"{time.time():.0f} tpu-provisioner is about to delete node pool {pool.name}: {why}"
+        for node in nodes:
+            if (node.get("spec") or {}).get("unschedulable"):
+                continue
+            try:
+                self.kube.set_unschedulable(node_name(node), True, stamp)
+            except NotFoundError:
+                continue  # the node went away: nothing can bind to it either
+        if nodes and self.settle_seconds > 0:
+            self.sleep(self.settle_seconds)
+
+    def uncordon(self, pool: NodePoolInfo, nodes: list[dict[str, Any]] | None, why: str) -> int:
+        """Lift the product's cordons from the pool's nodes (re-reading them when ``nodes`` is None)."""
+        lifted = 0
+        for node in self.nodes(pool) if nodes is None else nodes:
+            if not cordoned_by_us(node):
+                continue
+            try:
+                self.kube.set_unschedulable(node_name(node), False, why)
+            except NotFoundError:
+                continue
+            lifted += 1
+        if lifted:
+            logs.decision(
+                log,
+                "release.uncordoned",
+                f"uncordoned {lifted} node(s) of {pool.name}: {why}",
+                pool=pool.name,
+            )
+        return lifted
+
+
+def stale_cordons(kube: KubeAPI, keep: set[str], now: datetime.datetime) -> dict[str, list[dict[str, Any]]]:
+    """Nodes of managed pools in ``keep`` still cordoned by a crashed attempt, by pool name."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+    for node in kube.list_nodes(selector):
+        pool = str(((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL, ""))
+        if pool in keep and cordoned_by_us(node) and cordon_age(node, now.timestamp()) > STALE_CORDON_SECONDS:
+            found.setdefault(pool, []).append(node)
+    return found
+
+
+def warn(event: str, why: str, **fields: Any) -> None:
+    """Log a guard decision at WARNING."""
+    logs.decision(log, event, why, logging.WARNING, **fields)

@@ -1,0 +1,285 @@
+"""Pure decisions about a managed pool its owner no longer needs: who runs on it, and what happens.
+
+A pod picks nodes by accelerator, topology and a few selectors only, so any idle pool of the right
+shape can take *another* JobSet's pods (a Kueue-admitted JobSet, a preemptor, a recreated JobSet
+of the same name). The owner's verdict alone must therefore never delete a pool: these functions
+look at who actually occupies it and decide between
+
+* ``DELETE`` - nobody live runs there and nobody waiting needs this exact shape (or the handover
+  window is over);
+* ``KEEP``   - the owner still needs it, or the owner's own pods still run there, or an occupant
+  cannot be recorded as the new owner;
+* ``ADOPT``  - a live JobSet other than the owner runs there: the pool becomes that JobSet's;
+* ``OFFER``  - idle, but a waiting JobSet needs exactly this shape: kept (uncordoned) for at most
+  ``IDLE_POOL_SECONDS`` so its pods can land on it instead of paying for a delete and a create.
+
+No I/O here; ``shared.provisioning.releaser`` gathers the facts and carries the decision out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from shared.core import labels
+from shared.core.errors import NotEligible, Refused
+from shared.core.names import label_value_problem
+from shared.core.settings import Settings
+from shared.tpu.jobsets import condition, expand_pods, pod_jobset_value
+from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
+from shared.tpu.slices import build_node_pool, slice_request
+
+DELETE = "delete"
+KEEP = "keep"
+ADOPT = "adopt"
+OFFER = "offer"
+
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether the pool's owner lets it go, and why (the owner's side only; occupancy comes after)."""
+
+    delete: bool
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupant:
+    """A live JobSet with at least one non-terminal pod on the pool's nodes."""
+
+    namespace: str
+    name: str
+    uid: str
+    replicated_job: str
+    job_index: str
+    pods: int
+
+    def describe(self) -> str:
+        """``namespace/name`` for logs and Events."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What makes two TPU pools interchangeable for a pod: everything it can select on."""
+
+    machine_type: str
+    node_count: int
+    topology: str
+    spot: bool
+    reservation: str
+    extra_labels: tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """A slice some waiting JobSet needs, by shape (``who`` names it for logs)."""
+
+    shape: Shape
+    namespace: str
+    name: str
+    uid: str
+    who: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What to do with the pool, why, and (for ADOPT) who takes it."""
+
+    action: str
+    why: str
+    adopter: Occupant | None = None
+
+
+def _copied(pool_labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    # The product's own keys (ownership, idle stamp) say nothing about what a pod can select.
+    return tuple(
+        sorted((k, v) for k, v in pool_labels.items() if not k.startswith(f"{labels.PRODUCT_DOMAIN}/"))
+    )
+
+
+def spec_shape(spec: NodePoolSpec) -> Shape:
+    """The shape of a pool the product would create."""
+    return Shape(
+        machine_type=spec.machine_type,
+        node_count=spec.node_count,
+        topology=spec.placement.tpu_topology if spec.placement else "",
+        spot=spec.spot,
+        reservation=spec.reservation.value if spec.reservation else "",
+        extra_labels=_copied(spec.labels),
+    )
+
+
+def pool_shape(pool: NodePoolInfo) -> Shape:
+    """The shape of an existing pool as GKE lists it."""
+    return Shape(
+        machine_type=pool.machine_type,
+        node_count=pool.node_count,
+        topology=pool.tpu_topology,
+        spot=pool.spot,
+        reservation=pool.reservation,
+        extra_labels=_copied(pool.labels),
+    )
+
+
+def is_live(jobset: Mapping[str, Any] | None) -> bool:
+    """A JobSet that exists, is not being deleted and has no Completed/Failed condition."""
+    if jobset is None or (jobset.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return not any(condition(dict(jobset), kind) for kind in ("Completed", "Failed"))
+
+
+def occupants(
+    pool: NodePoolInfo,
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    jobsets: Mapping[tuple[str, str], Mapping[str, Any] | None],
+) -> list[Occupant]:
+    """The live JobSets with a non-terminal pod on one of the pool's nodes, busiest first.
+
+    A terminating pod still counts (it still runs there). A pod whose JobSet-uid label differs from
+    the live JobSet of that name belongs to an older incarnation and does not count for the new one.
+    A pool with no nodes yet (still provisioning) has no occupant.
+    """
+    names = {
+        str((n.get("metadata") or {}).get("name", ""))
+        for n in nodes
+        if ((n.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL) == pool.name
+    }
+    found: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName") not in names:
+            continue
+        if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+            continue
+        name = pod_jobset_value(pod, labels.JOBSET_NAME)
+        if not name:
+            continue  # not a JobSet pod (a DaemonSet's, say): it does not hold the pool
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        jobset = jobsets.get((namespace, str(name)))
+        if jobset is None or not is_live(jobset):
+            continue
+        uid = str((jobset.get("metadata") or {}).get("uid", ""))
+        claimed = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
+        if claimed and uid and claimed != uid:
+            continue
+        found.setdefault((namespace, str(name), uid), []).append(pod)
+    result = []
+    for (namespace, name, uid), held in found.items():
+        first = held[0]
+        result.append(
+            Occupant(
+                namespace=namespace,
+                name=name,
+                uid=uid,
+                replicated_job=str(pod_jobset_value(first, labels.REPLICATED_JOB_NAME) or ""),
+                job_index=str(pod_jobset_value(first, labels.JOB_INDEX) or "0"),
+                pods=len(held),
+            )
+        )
+    return sorted(result, key=lambda o: (-o.pods, o.namespace, o.name, o.uid))
+
+
+def adopted_labels(pool: NodePoolInfo, occupant: Occupant) -> dict[str, str]:
+    """The pool's node labels once ``occupant`` owns it (copied selectors kept, idle stamp dropped)."""
+    new = {k: v for k, v in pool.labels.items() if k != labels.IDLE_SINCE}
+    new.update(
+        {
+            labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+            labels.OWNER_NAMESPACE: occupant.namespace,
+            labels.OWNER_NAME: occupant.name,
+            labels.OWNER_UID: occupant.uid,
+            labels.OWNER_REPLICATED_JOB: occupant.replicated_job,
+            labels.OWNER_JOB_INDEX: occupant.job_index,
+        }
+    )
+    return new
+
+
+def _owner(pool: NodePoolInfo) -> tuple[str, str, str]:
+    return (
+        pool.labels.get(labels.OWNER_NAMESPACE, ""),
+        pool.labels.get(labels.OWNER_NAME, ""),
+        pool.labels.get(labels.OWNER_UID, ""),
+    )
+
+
+def decide(
+    pool: NodePoolInfo,
+    verdict: Verdict,
+    found: Sequence[Occupant],
+    demand: Sequence[Demand],
+    idle_seconds: float,
+    settings: Settings,
+) -> Decision:
+    """DELETE, KEEP, ADOPT or OFFER for ``pool`` given its owner's verdict and who runs on it.
+
+    ``idle_seconds``: how long the pool has had no owner that needs it (0 when just now).
+    """
+    if not verdict.delete:
+        return Decision(KEEP, verdict.why)
+    namespace, name, uid = _owner(pool)
+    if any((o.namespace, o.name) == (namespace, name) and (not uid or o.uid == uid) for o in found):
+        return Decision(KEEP, f"{verdict.why}, but its own pods still run on {pool.name}")
+    if found:
+        adopter = found[0]
+        for value in adopted_labels(pool, adopter).values():
+            problem = label_value_problem(value)
+            if problem:
+                # Never delete under a running workload; keeping costs money, deleting costs the run.
+                return Decision(
+                    KEEP, f"{adopter.describe()} runs on {pool.name} but cannot own it: {problem}"
+                )
+        others = f" (and {len(found) - 1} more JobSet(s))" if len(found) > 1 else ""
+        return Decision(
+            ADOPT, f"{verdict.why}; {adopter.describe()} runs {adopter.pods} pod(s) on it{others}", adopter
+        )
+    if pool.status != STATUS_RUNNING:
+        return Decision(DELETE, verdict.why)  # only a working pool is worth holding for someone
+    shape = pool_shape(pool)
+    taker = next(
+        (d for d in demand if d.shape == shape and (d.namespace, d.name, d.uid) != (namespace, name, uid)),
+        None,
+    )
+    if taker is not None and idle_seconds < settings.idle_pool_seconds:
+        return Decision(
+            OFFER,
+            f"{verdict.why}; kept idle for {taker.who}, which needs exactly this shape "
+            f"({idle_seconds:.0f}s of the {settings.idle_pool_seconds}s handover window used)",
+        )
+    if taker is not None:
+        return Decision(DELETE, f"{verdict.why}; idle for {idle_seconds:.0f}s, nobody took it")
+    return Decision(DELETE, verdict.why)
+
+
+def demand(
+    jobsets: Iterable[Mapping[str, Any]], pool_names: Iterable[str], settings: Settings
+) -> list[Demand]:
+    """The slices of live suspended JobSets (Kueue-queued) that have no pool of their own.
+
+    When Kueue admits such a JobSet its pods appear and bind at once to any idle pool of their shape,
+    so an idle pool is worth holding for it. Pods already Pending are deliberately not demand: the
+    provision function creates their own pools on their first event, and holding another pool for
+    them as well would pay for two.
+    """
+    existing = set(pool_names)
+    found: list[Demand] = []
+    seen: set[str] = set()
+    for jobset in jobsets:
+        if not (is_live(jobset) and (jobset.get("spec") or {}).get("suspend")):
+            continue
+        for planned in expand_pods(dict(jobset)):
+            try:
+                request = slice_request(planned)
+                spec, _ = build_node_pool(settings, request)
+            except (NotEligible, Refused):
+                continue
+            if spec.name in seen or spec.name in existing:
+                continue
+            seen.add(spec.name)
+            sid = request.slice_id
+            found.append(Demand(spec_shape(spec), sid.namespace, sid.jobset, sid.jobset_uid, sid.describe()))
+    return found

@@ -1,0 +1,362 @@
+"""Every release path over the stateful fakes: a pool a live JobSet runs on is adopted or kept, never deleted.
+
+Release, reconcile (orphan, terminal, suspend grace, ERROR recycling) and uid mismatch all go through
+``Releaser.dispose``; these tests put another JobSet's pod on the pool and check the pool survives
+with the right owner, its nodes schedulable, and the decision visible as Events.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from sandbox.testing.builders import tpu_jobset
+from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.core import labels
+from shared.core.errors import TransientError
+from shared.core.settings import Settings
+from shared.provisioning.provisioner import CREATED, EXISTS, Provisioner
+from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.releaser import Releaser
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
+
+SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
+CLUSTER = SETTINGS.cluster_path
+NOW = datetime.datetime.now(tz=datetime.UTC)
+
+
+def ago(seconds: float) -> str:
+    return (NOW - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@pytest.fixture
+def gke() -> FakeGke:
+    return FakeGke()
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+def submit(kube: FakeKube, jobset: dict[str, Any]) -> list[dict[str, Any]]:
+    kube.add_jobset(jobset)
+    pods = expand_pods(jobset)
+    for pod in pods:
+        kube.add_pod(pod)
+    return pods
+
+
+def with_pools(gke: FakeGke, kube: FakeKube, jobset: dict[str, Any]) -> list[NodePoolInfo]:
+    """Submit ``jobset``, provision its pools, make them RUNNING with Nodes, and run its pods there."""
+    pods = submit(kube, jobset)
+    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    mine = [p for p in gke.pools[CLUSTER].values() if p.labels[labels.OWNER_UID] == jobset["metadata"]["uid"]]
+    for pool in mine:
+        gke.mark(CLUSTER, pool.name, STATUS_RUNNING)
+        kube.add_pool_nodes(gke.pools[CLUSTER][pool.name])
+    for pod in pods:
+        node = _node_of(kube, pod, mine)
+        kube.bind("team-a", pod["metadata"]["name"], node)
+    return [gke.pools[CLUSTER][p.name] for p in mine]
+
+
+def _node_of(kube: FakeKube, pod: dict[str, Any], pools: list[NodePoolInfo]) -> str:
+    index = pod["metadata"]["labels"][labels.JOB_INDEX]
+    pool = next(p for p in pools if p.labels[labels.OWNER_JOB_INDEX] == index)
+    return f"gke-c-{pool.name}-0"
+
+
+def finish(kube: FakeKube, name: str, kind: str = "Completed", when: str | None = None) -> None:
+    jobset = kube.jobsets[("team-a", name)]
+    jobset["status"] = {
+        "conditions": [
+            {"type": kind, "status": "True", "reason": "x", "lastTransitionTime": when or ago(600)}
+        ]
+    }
+    for pod in kube.pods.values():
+        if pod["metadata"]["labels"][labels.JOBSET_NAME] == name:
+            pod["status"]["phase"] = "Succeeded" if kind == "Completed" else "Failed"
+
+
+def suspend(kube: FakeKube, name: str, since: float) -> None:
+    jobset = kube.jobsets[("team-a", name)]
+    jobset["spec"]["suspend"] = True
+    jobset["status"] = {
+        "conditions": [{"type": "Suspended", "status": "True", "lastTransitionTime": ago(since)}]
+    }
+    for key in [k for k, p in kube.pods.items() if p["metadata"]["labels"][labels.JOBSET_NAME] == name]:
+        del kube.pods[key]
+
+
+def land(kube: FakeKube, jobset: dict[str, Any], pool: NodePoolInfo) -> str:
+    """``jobset`` (same shape) is admitted and its first pod binds to ``pool``'s node at once."""
+    pods = submit(kube, jobset)
+    name = pods[0]["metadata"]["name"]
+    kube.bind("team-a", name, f"gke-c-{pool.name}-0")
+    return name
+
+
+def owner(gke: FakeGke, pool: NodePoolInfo) -> tuple[str, str]:
+    current = gke.pools[CLUSTER][pool.name].labels
+    return current[labels.OWNER_NAME], current[labels.OWNER_UID]
+
+
+def schedulable(kube: FakeKube, pool: NodePoolInfo) -> bool:
+    return not any(
+        n.get("spec", {}).get("unschedulable") for n in kube.list_nodes(f"{labels.NODEPOOL}={pool.name}")
+    )
+
+
+def events(kube: FakeKube, reason: str, name: str) -> list[str]:
+    return [e["message"] for e in kube.events if e["reason"] == reason and e["name"] == name]
+
+
+def test_release_hands_a_pool_to_the_jobset_admitted_onto_it(gke: FakeGke, kube: FakeKube) -> None:
+    # Case 1: a queued JobSet is admitted as A completes; its pod binds to A's idle pool.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    b = tpu_jobset("b", "team-a", replicas=1)
+    land(kube, b, pool)
+
+    assert (
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", a["metadata"]["uid"], "JobSet completed") == []
+    )
+
+    assert gke.count("delete") == 0
+    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
+    assert schedulable(kube, pool)
+    assert (
+        events(kube, labels.REASON_ADOPTED, "b")
+        and "adopted node pool " + pool.name in events(kube, labels.REASON_ADOPTED, "b")[0]
+    )
+    assert any("handed node pool" in m for m in events(kube, labels.REASON_RELEASED, "a"))
+    # Ownership is durable: B's own completion releases the pool at once, not at the next reconcile.
+    finish(kube, "b")
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "b", b["metadata"]["uid"], "JobSet completed") == [
+        pool.name
+    ]
+
+
+def test_reconcile_never_deletes_a_suspended_jobsets_pool_the_preemptor_runs_on(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # Case 2: Kueue suspends the victim; the preemptor lands on its pool; the suspend grace runs out.
+    victim = tpu_jobset("victim", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, victim)
+    suspend(kube, "victim", since=SETTINGS.suspend_grace_seconds + 60)
+    preemptor = tpu_jobset("preemptor", "team-a", replicas=1)
+    land(kube, preemptor, pool)
+
+    summary = Reconciler(SETTINGS, gke, kube).sweep()
+
+    assert (summary.deleted, summary.adopted) == (0, 1)
+    assert owner(gke, pool) == ("preemptor", preemptor["metadata"]["uid"])
+    assert events(kube, labels.REASON_ADOPTED, "preemptor")
+
+
+def test_release_of_a_replaced_jobset_leaves_the_new_incarnation_its_pool(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # Case 3: deleted and recreated under the same name; the new pods bind to the old pool.
+    old = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, old)
+    kube.pods.clear()
+    new = tpu_jobset("a", "team-a", replicas=1)
+    land(kube, new, pool)
+
+    assert (
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", old["metadata"]["uid"], "JobSet deleted") == []
+    )
+    assert owner(gke, pool) == ("a", new["metadata"]["uid"])
+
+
+def test_release_of_a_deleted_jobset_keeps_a_pool_another_runs_on(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    kube.pods.clear()
+    del kube.jobsets[("team-a", "a")]
+    b = tpu_jobset("b", "team-a", replicas=1)
+    land(kube, b, pool)
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet deleted") == []
+    assert owner(gke, pool)[0] == "b"
+
+
+def test_reconcile_recycles_an_error_pool_only_when_nobody_runs_on_it(gke: FakeGke, kube: FakeKube) -> None:
+    busy = tpu_jobset("busy", "team-a", replicas=1)
+    [busy_pool] = with_pools(gke, kube, busy)
+    idle = tpu_jobset("idle", "team-a", replicas=1, topology="4x4")
+    [idle_pool] = with_pools(gke, kube, idle)
+    for pool in (busy_pool, idle_pool):
+        gke.mark(CLUSTER, pool.name, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED")
+    kube.pods = {k: p for k, p in kube.pods.items() if p["metadata"]["labels"][labels.JOBSET_NAME] == "busy"}
+
+    summary = Reconciler(SETTINGS, gke, kube).sweep()
+
+    assert busy_pool.name in gke.pools[CLUSTER]
+    assert idle_pool.name not in gke.pools[CLUSTER]
+    assert (summary.healed, summary.kept) == (1, 1)
+    assert events(kube, labels.REASON_FAILED, "busy") and events(kube, labels.REASON_FAILED, "idle")
+
+
+def test_reconcile_records_released_on_the_jobset(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=2)
+    pools = with_pools(gke, kube, a)
+    finish(kube, "a", "Failed")
+    assert Reconciler(SETTINGS, gke, kube).sweep().deleted == 2
+    [message] = events(kube, labels.REASON_RELEASED, "a")
+    assert all(p.name in message for p in pools) and "reconcile" in message
+
+
+def test_the_cordon_stops_a_pod_binding_between_the_check_and_the_delete(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    b = tpu_jobset("b", "team-a", replicas=1)
+    late = submit(kube, b)[0]["metadata"]["name"]
+    # The scheduler decides for B's pending pod right as the delete call goes out.
+    kube.arrivals.append(("team-a", late, f"gke-c-{pool.name}-0"))
+    gke.before_delete = lambda name: kube.schedule()
+
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+
+    # The node was cordoned first, so B's pod stayed pending (provision makes it its own pool)
+    # instead of binding to a pool being deleted.
+    assert kube.pods[("team-a", late)]["status"]["phase"] == "Pending"
+    assert not kube.pods[("team-a", late)]["spec"].get("nodeName")
+    assert sorted(c[:2] for c in kube.cordons) == [
+        (f"gke-c-{pool.name}-{i}", True) for i in range(pool.node_count)
+    ]
+
+
+def test_a_transient_delete_failure_leaves_the_nodes_cordoned_and_the_retry_rechecks(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    gke.fail("delete", "incompatible")
+    with pytest.raises(TransientError):
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed")
+    assert not schedulable(kube, pool)
+    b = tpu_jobset("b", "team-a", replicas=1)
+    land(kube, b, pool)  # bound before the cordon landed, seen only now
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "redelivery") == []
+    assert owner(gke, pool)[0] == "b" and schedulable(kube, pool)
+
+
+def test_an_idle_pool_waits_for_a_queued_jobset_of_its_shape_then_goes(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(30))
+    queued = tpu_jobset("queued", "team-a", replicas=1)
+    queued["spec"]["suspend"] = True
+    kube.add_jobset(queued)
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
+
+    # Kueue admits it; its pod lands on the idle pool; the next look hands the pool over.
+    queued["spec"]["suspend"] = False
+    land(kube, queued, pool)
+    assert Reconciler(settings, gke, kube).sweep().adopted == 1
+    assert owner(gke, pool)[0] == "queued"
+
+
+def test_an_unclaimed_idle_pool_is_deleted_after_the_window(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(200))
+    queued = tpu_jobset("queued", "team-a", replicas=1)
+    queued["spec"]["suspend"] = True
+    kube.add_jobset(queued)
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+
+
+def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    kube.pods.clear()
+    del kube.jobsets[("team-a", "a")]
+    queued = tpu_jobset("queued", "team-a", replicas=1)
+    queued["spec"]["suspend"] = True
+    kube.add_jobset(queued)
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet deleted") == []
+    stamp = int(gke.pools[CLUSTER][pool.name].labels[labels.IDLE_SINCE])
+    assert abs(stamp - NOW.timestamp()) < 60
+    # Later looks measure from the stamp: once it is older than the window, the pool goes.
+    gke.pools[CLUSTER][pool.name] = NodePoolInfo(
+        **{
+            **gke.pools[CLUSTER][pool.name].__dict__,
+            "labels": {**pool.labels, labels.IDLE_SINCE: str(stamp - 121)},
+        }
+    )
+    assert Reconciler(settings, gke, kube).sweep().deleted == 1
+
+
+def test_reconcile_lifts_only_its_own_stale_cordons_from_kept_pools(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=2)
+    first, second = with_pools(gke, kube, a)
+    kube.set_unschedulable(f"gke-c-{first.name}-0", True, "1000 tpu-provisioner is about to delete it")
+    kube.nodes[f"gke-c-{second.name}-0"]["spec"]["unschedulable"] = True  # an operator's cordon
+    Reconciler(SETTINGS, gke, kube).sweep()
+    assert schedulable(kube, first)
+    assert not schedulable(kube, second)
+
+
+def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    pods = submit(kube, a)
+    for pod in pods:
+        pod["metadata"]["creationTimestamp"] = ago(5)
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30.0)
+    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW).result == CREATED
+    # A duplicate event of the same pod is answered from memory (no listing).
+    lists = gke.count("list")
+    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW).result == EXISTS
+    assert gke.count("list") == lists
+    # Kueue suspends it past the grace: reconcile releases the pools (another instance).
+    suspend(kube, "a", since=SETTINGS.suspend_grace_seconds + 60)
+    Reconciler(SETTINGS, gke, kube).sweep()
+    assert gke.managed_names(CLUSTER) == []
+    # Un-suspended: the JobSet controller creates new pods; the first event requests the pool again.
+    kube.jobsets[("team-a", "a")]["spec"]["suspend"] = False
+    kube.jobsets[("team-a", "a")]["status"] = {}
+    fresh = submit(kube, kube.jobsets[("team-a", "a")])
+    for pod in fresh:
+        pod["metadata"]["creationTimestamp"] = datetime.datetime.now(tz=datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+    assert service.handle_pending_pod("team-a", fresh[0]["metadata"]["name"], NOW).result == CREATED
+
+
+def test_provision_reports_an_error_pool_on_the_jobset_at_once(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    pods = submit(kube, a)
+    service = Provisioner(SETTINGS, gke, kube)
+    service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    [name] = gke.managed_names(CLUSTER)
+    gke.mark(CLUSTER, name, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity")
+    for _ in range(3):  # every FailedScheduling of the pod: one Event, counted
+        service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    [failed] = [e for e in kube.events if e["reason"] == labels.REASON_FAILED]
+    assert (failed["kind"], failed["name"], failed["type"], failed["count"]) == ("JobSet", "a", "Warning", 3)
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in failed["message"] and name in failed["message"]
+
+
+def test_requested_is_one_event_per_group_naming_every_pool(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=3)
+    pods = submit(kube, a)
+    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    requested = [e for e in kube.events if e["reason"] == labels.REASON_REQUESTED]
+    assert sorted(e["kind"] for e in requested) == ["JobSet", "Pod"]
+    assert all(all(n in e["message"] for n in gke.managed_names(CLUSTER)) for e in requested)
