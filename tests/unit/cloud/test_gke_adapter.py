@@ -69,7 +69,7 @@ def test_create_then_get_round_trips_the_spec(
         labels={"tpuprov/jobset": "train", "tpuprov/slice": "0"},
         node_locations=(ZONE,),
         tpu_topology="2x2x2",
-        spot=True,
+        spot=False,  # Spot VMs cannot consume a reservation: the adapter sends the reservation only
         reservation="projects/shared-proj/reservations/tpu-res",
     )
     [sent] = gke_emulator.pools(gke_cluster)
@@ -425,7 +425,7 @@ def test_set_node_pool_labels_replaces_labels_through_an_update_operation(
         "ct5p-hightpu-4t",
         2,
     )
-    assert (pool.spot, pool.reservation) == (True, "projects/shared-proj/reservations/tpu-res")
+    assert (pool.spot, pool.reservation) == (False, "projects/shared-proj/reservations/tpu-res")
     assert [p["config"]["labels"] for p in hooked] == [{"owner": "b", "team": "x"}]
     assert [c.method for c in gke_emulator.calls if c.method == "update"] == ["update"]
 

@@ -80,13 +80,24 @@ def test_fan_out_stops_at_the_operation_limit_and_redelivery_finishes_the_group(
     # Nothing was sent after GKE's refusal: two accepted, the refused third, no more.
     assert gke.count("create") == 3
     assert len(gke.managed_names(CLUSTER)) == 2
+    # What GKE accepted is announced at once: one Event on the JobSet and one on the pod.
     assert kube.reasons().count(labels.REASON_REQUESTED) == 2
 
     gke.on_call = None
     assert deliver(service, pods[0]) == EXISTS  # the redelivery: its own pool exists, siblings follow
     assert len(gke.managed_names(CLUSTER)) == 6
     assert gke.count("create") == 3 + 4  # every pool accepted exactly once, no 409 round trips
-    assert kube.reasons().count(labels.REASON_REQUESTED) == 6
+    assert kube.reasons().count(labels.REASON_REQUESTED) == 4  # one pair of Events per delivery
+    assert set(gke.managed_names(CLUSTER)) == set(requested_names(kube))
+
+
+def requested_names(kube: FakeKube) -> list[str]:
+    """Every pool named by a TPUSliceRequested Event."""
+    names = []
+    for event in kube.events:
+        if event["reason"] == labels.REASON_REQUESTED:
+            names += event["message"].removeprefix("requested node pools ").split(" for ")[0].split(", ")
+    return names
 
 
 def test_deadline_stops_new_creates_and_redelivery_continues():
@@ -143,7 +154,9 @@ def test_chip_budget_is_reserved_before_concurrent_creates():
     settings = SETTINGS.with_overrides(create_concurrency=4, chip_budget=8)  # two slices of 4 chips
     assert deliver(Provisioner(settings, gke, kube), pods[0]) == CREATED
     assert gke.count("create") == 2
-    assert kube.reasons().count(labels.REASON_REFUSED) == 2
+    # Both refusals say the same thing: one Event, counted twice (as Kubernetes' recorder aggregates).
+    [refused] = [e for e in kube.events if e["reason"] == labels.REASON_REFUSED]
+    assert refused["count"] == 2
 
 
 def test_concurrent_fan_out_creates_each_pool_once_and_records_every_outcome():
@@ -154,7 +167,8 @@ def test_concurrent_fan_out_creates_each_pool_once_and_records_every_outcome():
     outcome = Provisioner(SETTINGS.with_overrides(create_concurrency=5), gke, kube).provision_pod(pods[0])
     assert gke.count("create") == 12
     assert len(outcome.requested) == 11
-    assert kube.reasons().count(labels.REASON_REQUESTED) == 11
+    assert kube.reasons().count(labels.REASON_REQUESTED) == 2  # one per group: the JobSet and the pod
+    assert set(outcome.requested) == set(requested_names(kube))
     assert kube.reasons().count(labels.REASON_FAILED) == 1
 
 
