@@ -7,8 +7,8 @@ node belongs to, as kube-scheduler does; JobSet exclusive placement is honoured 
 required pod (anti-)affinity the JobSet webhook adds (``sandbox.cluster.affinity``). A pod that
 fits nowhere gets ``PodScheduled=False/Unschedulable`` and a ``FailedScheduling`` Event with the
 scheduler's message, and is retried with a doubling backoff (like the real scheduler's
-unschedulable queue) that a Node change resets. A repeat failure bumps the Event's count, as the API aggregates repeats; each
-emission is a new write and so a new log entry, as in GKE.
+unschedulable queue) that a Node change resets. A repeat failure bumps the Event's count, as the
+API aggregates repeats; each emission is a new write and so a new log entry, as in GKE.
 
 Binding: with ``bind_delay`` > 0 the decision and the bind are apart, like the real scheduler's
 asynchronous binding cycle: the chosen node's capacity is reserved at once, and after the delay
