@@ -1,10 +1,11 @@
-"""Node lifecycle around a node-pool deletion: cordon while STOPPING, pod GC once the Nodes are gone.
+"""Node lifecycle around a node-pool deletion: cordon and drain while STOPPING, pod GC afterwards.
 
 * While GKE deletes a pool (status ``STOPPING``) its Nodes are cordoned (``spec.unschedulable``
   and the ``node.kubernetes.io/unschedulable:NoSchedule`` taint) and report ``Ready=False``, so
-  the scheduler puts nothing new there. Real GKE also drains them (deletes their pods with a grace
-  period) during this phase; the sandbox leaves the pods running until the Nodes disappear, which
-  fails them all the same, only a little later.
+  the scheduler puts nothing new there, and drained: GKE deletes the pods on them (with their
+  termination grace period, an hour at most), which the Job controller records as failed pods.
+  The sandbox fails such a pod in place at once (``phase: Failed``, a message naming the pool)
+  instead of deleting it after a grace period, so the JobSet controller sees the failure.
 * A Pending/Running pod bound to a Node that no longer exists is failed as Kubernetes' pod GC
   controller fails orphans: ``phase: Failed`` plus a ``DisruptionTarget`` condition with reason
   ``DeletionByPodGC`` and message "PodGC: node no longer exists". Real pod GC then force-deletes the
@@ -56,6 +57,26 @@ def collect_orphans(ctx: SimContext) -> list[str]:
     return failed
 
 
+def drain(ctx: SimContext, pool: str, nodes: set[str]) -> list[str]:
+    """Fail every active pod bound to one of ``nodes`` of a pool being deleted; call under the lock."""
+    api = ctx.api
+    failed = []
+    for pod in api.list("v1", "pods"):
+        status = dict(pod.get("status") or {})
+        if (pod.get("spec") or {}).get("nodeName") not in nodes or status.get("phase") not in _ACTIVE:
+            continue
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        status.update(phase="Failed", message=f"node pool {pool} was deleted: GKE drained the pod's node")
+        status["conditions"] = with_condition(status, "Ready", False, "PodFailed", "")
+        meta = pod["metadata"]
+        api.patch_status("v1", "pods", meta.get("namespace"), meta["name"], status)
+        failed.append(ref(pod))
+        ctx.timeline.add("nodes", f"pod {ref(pod)} Failed: node pool {pool} is being deleted (drain)")
+    ctx.pods_killed.extend(failed)
+    return failed
+
+
 def cordon(node: dict[str, Any], why: str) -> bool:
     """Mark ``node`` unschedulable and NotReady in place; False when it already was."""
     spec = node.setdefault("spec", {})
@@ -73,7 +94,7 @@ def cordon(node: dict[str, Any], why: str) -> bool:
 
 
 class PoolLifecycle(Loop):
-    """Polls the GKE emulator's pools: cordons the Nodes of STOPPING ones and collects orphans."""
+    """Polls the GKE emulator's pools: cordons and drains STOPPING ones' Nodes, collects orphans."""
 
     name = "node-lifecycle"
 
@@ -88,7 +109,7 @@ class PoolLifecycle(Loop):
         self._gke = gke
 
     def step(self) -> None:
-        """Cordon the Nodes of pools being deleted; fail pods whose Node vanished."""
+        """Cordon and drain the Nodes of pools being deleted; fail pods whose Node vanished."""
         stopping = []
         if self._gke is not None:
             stopping = [
@@ -100,7 +121,8 @@ class PoolLifecycle(Loop):
             api = self.ctx.api
             for pool in stopping:
                 cordoned = 0
-                for node in api.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}"):
+                nodes = api.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}")
+                for node in nodes:
                     if cordon(node, f"node pool {pool} is being deleted"):
                         api.put(node)
                         cordoned += 1
@@ -108,4 +130,5 @@ class PoolLifecycle(Loop):
                     self.ctx.timeline.add(
                         "nodes", f"pool {pool} STOPPING: {cordoned} node(s) cordoned and NotReady"
                     )
+                drain(self.ctx, pool, {str(n["metadata"]["name"]) for n in nodes})
             collect_orphans(self.ctx)

@@ -147,7 +147,7 @@ def test_pod_binds_to_any_matching_node_whatever_pool_but_never_a_cordoned_one(s
     assert sim.get("newcomer")["status"]["phase"] == "Running"
 
 
-def test_deleting_a_pool_cordons_its_nodes_then_fails_the_pods_left_on_them(sim: Sim) -> None:
+def test_deleting_a_pool_cordons_and_drains_its_nodes_killing_the_pods_on_them(sim: Sim) -> None:
     pool = sim.provision(sim.pod("victim"))
     node_name = eventually(lambda: sim.get("victim")["spec"].get("nodeName"))
     sim.gke.set_op_delay(1.0)
@@ -156,16 +156,12 @@ def test_deleting_a_pool_cordons_its_nodes_then_fails_the_pods_left_on_them(sim:
     node = eventually(lambda: sim.node(node_name)["spec"].get("unschedulable") and sim.node(node_name))
     assert not is_true(node, "Ready")
     assert {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"} in node["spec"]["taints"]
-    assert sim.get("victim")["status"]["phase"] == "Running"  # still on the node while it drains
-
     pod = eventually(lambda: sim.get("victim")["status"]["phase"] == "Failed" and sim.get("victim"))
-    assert sim.kube.get("v1", "nodes", None, node_name) is None
-    disruption = condition(pod, "DisruptionTarget") or {}
-    assert (disruption.get("reason"), disruption.get("message")) == (
-        "DeletionByPodGC",
-        "PodGC: node no longer exists",
-    )
+    assert pod["status"]["message"] == f"node pool {pool} was deleted: GKE drained the pod's node"
+    assert sim.kube.get("v1", "nodes", None, node_name) is not None  # failed while the pool was STOPPING
     assert sim.ctx.pods_killed == ["default/victim"]
+    eventually(lambda: sim.kube.get("v1", "nodes", None, node_name) is None)
+    assert sim.ctx.pods_killed == ["default/victim"]  # counted once
 
 
 def test_a_pod_finished_before_its_pool_goes_is_not_counted_as_killed(sim: Sim) -> None:
@@ -194,3 +190,22 @@ def test_bind_delay_lets_a_pod_land_on_a_node_cordoned_after_the_decision(slow_b
     sim.adapter.delete_node_pool(SETTINGS.cluster_path, pool, "test")
     eventually(lambda: sim.get("racer")["status"]["phase"] == "Failed")
     assert sim.ctx.pods_killed == ["default/racer"]
+
+
+def test_a_pod_bound_to_a_node_that_no_longer_exists_is_failed_by_pod_gc(slow_bind: Sim) -> None:
+    sim = slow_bind
+    pool = sim.provision(sim.pod("first", run_seconds=0.1))
+    eventually(lambda: sim.get("first")["status"]["phase"] == "Succeeded", timeout=5)
+    sim.pod("late")
+    eventually(lambda: any("late assumed on" in e.text for e in sim.ctx.timeline.entries()))
+    sim.adapter.delete_node_pool(SETTINGS.cluster_path, pool, "test")  # gone before the bind lands
+    eventually(lambda: not sim.kube.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}"))
+
+    pod = eventually(lambda: sim.get("late")["status"]["phase"] == "Failed" and sim.get("late"), timeout=3)
+    assert pod["spec"]["nodeName"] == f"gke-c-{pool}-0"  # the binding names the pod, not the node
+    disruption = condition(pod, "DisruptionTarget") or {}
+    assert (disruption.get("reason"), disruption.get("message")) == (
+        "DeletionByPodGC",
+        "PodGC: node no longer exists",
+    )
+    assert sim.ctx.pods_killed == ["default/late"]
