@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lint typecheck test unit demo sandbox-up bench clean
+.PHONY: install lint typecheck test unit demo demo-kueue sandbox-up bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
@@ -40,6 +40,10 @@ unit: install
 # The README's "run it" command.
 demo: install
 	$(BIN)/tpuprov demo
+
+# The Kueue multislice tutorial flow (planned to become the default scenario).
+demo-kueue: install
+	$(BIN)/tpuprov demo --scenario kueue
 
 bench: install
 	$(BIN)/tpuprov bench

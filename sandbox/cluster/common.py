@@ -58,6 +58,10 @@ class KubeState(Protocol):
         """Subscribe to writes."""
         ...
 
+    def on_create(self, mutate: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """Mutate objects as they are created (a mutating admission webhook)."""
+        ...
+
 
 def now_rfc3339() -> str:
     """The current time as Kubernetes writes timestamps (seconds, UTC, ``Z``)."""
@@ -119,6 +123,8 @@ class SimContext:
         self.api = api
         self.timeline = timeline
         self.lock = threading.RLock()
+        # ``namespace/name`` of every pod that failed because its node's pool was deleted under it.
+        self.pods_killed: list[str] = []
 
     def record_event(
         self,

@@ -3,8 +3,8 @@
 When the GKE emulator finishes creating a pool, one Node per VM appears (``gke-<cluster>-<pool>-<i>``)
 with the labels GKE puts on TPU nodes (node pool, accelerator, topology, the pool's own node labels)
 and ``google.com/tpu`` capacity equal to the chips of one VM. When a pool is deleted its Nodes go,
-and pods still running on them fail, which the JobSet controller then sees. When a pool's node
-labels are updated, its Nodes' labels follow.
+and pods still bound to them fail as pod GC fails them (``sandbox.cluster.lifecycle``), which the
+JobSet controller then sees. When a pool's node labels are updated, its Nodes' labels follow.
 
 The GKE hooks fire on the emulator's request or ticker threads; the work is queued to a worker so
 a slow Kubernetes write never holds a GKE request.
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox.cluster.common import QueueWorker, SimContext, with_condition
+from sandbox.cluster.lifecycle import collect_orphans
 from shared.core import labels
 from shared.tpu import catalog
 
@@ -175,22 +176,6 @@ class NodeMirror:
             names = {str(n["metadata"]["name"]) for n in gone}
             for name in sorted(names):
                 api.delete("v1", "nodes", None, name)
-            lost = 0
-            for pod in api.list("v1", "pods"):
-                status = pod.get("status") or {}
-                if (pod.get("spec") or {}).get("nodeName") in names and status.get("phase") in (
-                    "Pending",
-                    "Running",
-                ):
-                    status = dict(status)
-                    status.update(
-                        phase="Failed", reason="NodeLost", message=f"node of pool {pool} was deleted"
-                    )
-                    status["conditions"] = with_condition(
-                        status, "Ready", False, "NodeLost", "its node was deleted"
-                    )
-                    meta = pod["metadata"]
-                    api.patch_status("v1", "pods", meta.get("namespace"), meta["name"], status)
-                    lost += 1
-        suffix = f"; {lost} running pod(s) failed" if lost else ""
+            lost = collect_orphans(self.ctx)
+        suffix = f"; {len(lost)} running pod(s) failed" if lost else ""
         self.ctx.timeline.add("nodes", f"pool {pool} deleted: {len(names)} node(s) removed{suffix}")

@@ -1,12 +1,19 @@
 """A simulated kube-scheduler (and kubelet) for the sandbox's Kubernetes API.
 
-Scheduling: a Pending pod without a node is bound to a Ready node whose labels satisfy its
-nodeSelector (and single-term required node affinity) and that has enough allocatable
-``google.com/tpu`` left after the pods already bound there. A pod that fits nowhere gets
-``PodScheduled=False/Unschedulable`` and a ``FailedScheduling`` Event with the scheduler's message,
-and is retried with a doubling backoff (like the real scheduler's unschedulable queue) that a Node
-change resets. A repeat failure bumps the Event's count, as the API aggregates repeats; each
-emission is a new write and so a new log entry, as in GKE.
+Scheduling: a Pending pod without a node is bound to any Ready, schedulable (not cordoned) node
+whose labels satisfy its nodeSelector and required node affinity and that has enough allocatable
+``google.com/tpu`` left after the pods already bound (or being bound) there, whichever pool the
+node belongs to, as kube-scheduler does; JobSet exclusive placement is honoured through the
+required pod (anti-)affinity the JobSet webhook adds (``sandbox.cluster.affinity``). A pod that
+fits nowhere gets ``PodScheduled=False/Unschedulable`` and a ``FailedScheduling`` Event with the
+scheduler's message, and is retried with a doubling backoff (like the real scheduler's
+unschedulable queue) that a Node change resets. A repeat failure bumps the Event's count, as the
+API aggregates repeats; each emission is a new write and so a new log entry, as in GKE.
+
+Binding: with ``bind_delay`` > 0 the decision and the bind are apart, like the real scheduler's
+asynchronous binding cycle: the chosen node's capacity is reserved at once, and after the delay
+the pod is bound to it without looking at the node again (only a pod deleted meanwhile is not
+bound). A node cordoned or deleted in between still gets the pod: the cordon race.
 
 Running: a bound pod runs for its ``sandbox.tpuprov.dev/run-seconds`` annotation (default from the
 config) and then Succeeds, or Fails while its restart attempt is below
@@ -44,6 +51,17 @@ class SchedulerConfig:
     max_backoff: float = 10.0
     default_run_seconds: float = 3.0
     interval: float = 0.1
+    bind_delay: float = 0.0  # seconds between the scheduling decision and the bind (0: at once)
+
+
+@dataclasses.dataclass
+class _Assumed:
+    """A pod the scheduler decided on but has not bound yet (the scheduler cache's assumed pod)."""
+
+    pod: dict[str, Any]
+    node: str
+    need: int
+    due: float
 
 
 @dataclasses.dataclass
@@ -114,6 +132,7 @@ class Scheduler(Loop):
         self.ctx = ctx
         self._backoff: dict[str, _Backoff] = {}
         self._started: dict[str, float] = {}
+        self._assumed: dict[str, _Assumed] = {}
         self._nodes_changed = False
         ctx.api.on_change(self._changed)
 
@@ -130,6 +149,10 @@ class Scheduler(Loop):
         now = time.monotonic()
         with self.ctx.lock:
             api = self.ctx.api
+            for uid, assumed in list(self._assumed.items()):
+                if now >= assumed.due:
+                    del self._assumed[uid]
+                    self._bind(assumed.pod, assumed.node)
             nodes = [n for n in api.list("v1", "nodes") if is_true(n, "Ready")]
             pods = api.list("v1", "pods")
             reset, self._nodes_changed = self._nodes_changed, False
@@ -139,6 +162,9 @@ class Scheduler(Loop):
                 node = (pod.get("spec") or {}).get("nodeName")
                 if node and (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
                     used[node] = used.get(node, 0) + tpu_request(pod)
+            for assumed in self._assumed.values():
+                used[assumed.node] = used.get(assumed.node, 0) + assumed.need
+                placement.add(assumed.pod, assumed.node)
             live = set()
             for pod in pods:
                 uid = str(pod["metadata"].get("uid", ""))
@@ -146,6 +172,8 @@ class Scheduler(Loop):
                 phase = (pod.get("status") or {}).get("phase", "Pending")
                 if pod["metadata"].get("deletionTimestamp"):
                     continue
+                if uid in self._assumed:
+                    continue  # decided; the bind comes after the delay
                 if phase == "Pending" and not (pod.get("spec") or {}).get("nodeName"):
                     state = self._backoff.setdefault(uid, _Backoff())
                     if reset:
@@ -160,6 +188,9 @@ class Scheduler(Loop):
             for uid in list(self._started):
                 if uid not in live:
                     del self._started[uid]
+            for uid in list(self._assumed):
+                if uid not in live:
+                    del self._assumed[uid]
 
     # -- scheduling -------------------------------------------------------------------------------
 
@@ -173,11 +204,14 @@ class Scheduler(Loop):
         now: float,
     ) -> None:
         need = tpu_request(pod)
-        mismatched = insufficient = 0
+        mismatched = insufficient = cordoned = 0
         affinity: dict[str, int] = {}
         chosen = None
         for node in sorted(nodes, key=lambda n: str(n["metadata"]["name"])):
             node_labels = (node.get("metadata") or {}).get("labels") or {}
+            if (node.get("spec") or {}).get("unschedulable"):
+                cordoned += 1
+                continue
             if not selector_matches(pod, node_labels):
                 mismatched += 1
                 continue
@@ -194,16 +228,30 @@ class Scheduler(Loop):
         if chosen is not None:
             used[chosen] = used.get(chosen, 0) + need
             placement.add(pod, chosen)
-            self._bind(pod, chosen)
-            self._backoff.pop(str(pod["metadata"].get("uid", "")), None)
+            uid = str(pod["metadata"].get("uid", ""))
+            self._backoff.pop(uid, None)
+            if self.config.bind_delay > 0:
+                self._assumed[uid] = _Assumed(pod, chosen, need, now + self.config.bind_delay)
+                self.ctx.timeline.add("scheduler", f"pod {ref(pod)} assumed on {chosen}, binding")
+            else:
+                self._bind(pod, chosen)
             return
-        message = _unschedulable_message(len(nodes), mismatched, insufficient, affinity)
+        message = _unschedulable_message(len(nodes), mismatched, insufficient, affinity, cordoned)
         self._unschedulable(pod, message, state)
         state.attempts += 1
         delay = min(self.config.initial_backoff * 2 ** (state.attempts - 1), self.config.max_backoff)
         state.next_at = now + delay
 
     def _bind(self, pod: dict[str, Any], node: str) -> None:
+        if self.config.bind_delay > 0:
+            # The binding call names the pod, not the node: only a pod that is gone fails it.
+            meta = pod["metadata"]
+            current = self.ctx.api.get("v1", "pods", meta.get("namespace"), str(meta.get("name", "")))
+            if current is None or current["metadata"].get("uid") != meta.get("uid"):
+                return
+            if current["metadata"].get("deletionTimestamp") or (current.get("spec") or {}).get("nodeName"):
+                return
+            pod = current
         status = dict(pod.get("status") or {})
         status["conditions"] = with_condition(status, "PodScheduled", True, "", "")
         status["conditions"] = with_condition(status, "Ready", True, "", "")
@@ -269,7 +317,11 @@ _AFFINITY_REASONS = {
 
 
 def _unschedulable_message(
-    total: int, mismatched: int, insufficient: int, affinity: Mapping[str, int] | None = None
+    total: int,
+    mismatched: int,
+    insufficient: int,
+    affinity: Mapping[str, int] | None = None,
+    cordoned: int = 0,
 ) -> str:
     parts = []
     if insufficient:
@@ -278,11 +330,13 @@ def _unschedulable_message(
         parts.append(f"{count} node(s) {_AFFINITY_REASONS[why]}")
     if mismatched:
         parts.append(f"{mismatched} node(s) didn't match Pod's node affinity/selector")
+    if cordoned:
+        parts.append(f"{cordoned} node(s) were unschedulable")
     reasons = ", ".join(parts) or "no nodes available to schedule pods"
     preemption = []
     if insufficient:
         preemption.append(f"{insufficient} No preemption victims found for incoming pod")
-    unhelpful = mismatched + sum((affinity or {}).values())
+    unhelpful = mismatched + cordoned + sum((affinity or {}).values())
     if unhelpful:
         preemption.append(f"{unhelpful} Preemption is not helpful for scheduling")
     tail = ", ".join(preemption) or "no nodes available"

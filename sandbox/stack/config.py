@@ -39,6 +39,10 @@ class StackConfig:
     function_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     manifests_dir: Path = DEFAULT_MANIFESTS_DIR
     jobset_manifest: str = "jobset-v0.10.1.yaml"
+    # Serve Kueue's CRDs and run the simulated Kueue (idle until ClusterQueues and queued JobSets exist).
+    kueue: bool = True
+    kueue_manifest: str = "kueue-v0.19.2.yaml"
+    scheduler_bind_delay: float = 0.0  # seconds between a scheduling decision and its bind
     sinks_dir: Path = DEFAULT_SINKS_DIR
     workdir: Path | None = None  # logs and kubeconfig; a fresh temporary directory when None
     startup_timeout: float = 90.0

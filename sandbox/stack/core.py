@@ -4,7 +4,8 @@
 
 * the Pub/Sub emulator with infra's topics, push subscriptions, retry and dead-letter policies;
 * the GKE API emulator, whose finished pools become Kubernetes Nodes (``sandbox.cluster.nodes``);
-* the Kubernetes API with the JobSet CRD, plus a simulated JobSet controller and scheduler;
+* the Kubernetes API with the JobSet (and Kueue) CRDs, plus a simulated JobSet controller,
+  scheduler, node lifecycle (cordon, pod GC) and, unless ``StackConfig.kueue`` is off, Kueue;
 * each event function under ``functions-framework`` as a child process, fed through the
   Eventarc-shaped relay (``sandbox.emulators.eventarc``);
 * the log router playing Cloud Logging and the sinks (``sandbox.emulators.logging.router``).
@@ -30,6 +31,8 @@ from typing import Any, TypeVar
 
 from sandbox.cluster.common import JOBSET_API, SimContext, is_true
 from sandbox.cluster.controllers import JobSetController
+from sandbox.cluster.kueue import KueueController
+from sandbox.cluster.lifecycle import PoolLifecycle
 from sandbox.cluster.nodes import NodeMirror
 from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
 from sandbox.emulators.eventarc import Delivery, EventarcRelay
@@ -48,6 +51,9 @@ from shared.events.fields import ClusterId
 
 __all__ = ["Stack", "StackConfig", "StackSummary"]
 
+# The Event the product records when it hands a pool over to another JobSet.
+ADOPTED_REASON = "TPUSliceAdopted"
+
 T = TypeVar("T")
 
 
@@ -64,7 +70,10 @@ class Stack:
             [ClusterSeed(c.project, c.location, c.cluster_name, locations=(c.location,))],
             op_delay=c.gke_op_delay,
         )
-        self.kube = KubeApiServer(crd_files=[c.manifests_dir / c.jobset_manifest])
+        crds = [c.manifests_dir / c.jobset_manifest]
+        if c.kueue:
+            crds.append(c.manifests_dir / c.kueue_manifest)
+        self.kube = KubeApiServer(crd_files=crds)
         self.pubsub = PubsubEmulator(c.project)
         self.relay = EventarcRelay(c.project)
         self.ctx = SimContext(self.kube, self.timeline)
@@ -75,9 +84,12 @@ class Stack:
                 initial_backoff=c.scheduler_initial_backoff,
                 max_backoff=c.scheduler_max_backoff,
                 default_run_seconds=c.default_run_seconds,
+                bind_delay=c.scheduler_bind_delay,
             ),
         )
         self.nodes = NodeMirror(self.ctx, self.cluster.path)
+        self.lifecycle = PoolLifecycle(self.ctx, self.cluster.path)
+        self.kueue = KueueController(self.ctx) if c.kueue else None
         self.router: LogRouter | None = None
         self.publisher: Any = None
         self.function_urls: dict[str, str] = {}
@@ -133,6 +145,7 @@ class Stack:
         self.kube.start()
         self.kube.write_kubeconfig(self.kubeconfig)
         self.nodes.attach(self.gke)
+        self.lifecycle.attach(self.gke)
         self.gke.on_pool_deleted(lambda cluster, name: self._deleted_pools.append(name))
         self.nodes.start()
         self.nodes.add_cpu_nodes(c.cpu_nodes)
@@ -164,6 +177,9 @@ class Stack:
         self.router.start()
         self.jobsets.start()
         self.scheduler.start()
+        self.lifecycle.start()
+        if self.kueue is not None:
+            self.kueue.start()
         self._gke_thread = threading.Thread(target=self._watch_gke, name="gke-watch", daemon=True)
         self._gke_thread.start()
 
@@ -178,6 +194,8 @@ class Stack:
         self._restore_sigterm()
         self._gke_watch.set()
         steps: list[Callable[[], None]] = [
+            lambda: self.kueue.stop() if self.kueue else None,
+            self.lifecycle.stop,
             self.jobsets.stop,
             self.scheduler.stop,
             self.relay.stop,
@@ -372,7 +390,7 @@ class Stack:
         return pids
 
     def summary(self) -> StackSummary:
-        """Pools created (distinct pools that came to exist), deleted, leaked (managed pools left), time."""
+        """Pools created (distinct pools that came to exist), adopted, deleted, leaked; pods killed; time."""
         return summarize(
             self.gke.calls,
             self.pools(),
@@ -380,4 +398,6 @@ class Stack:
             list(self._deleted_pools),
             self.relay.deliveries,
             time.monotonic() - self._started_at,
+            adopted_events=len(self.events(ADOPTED_REASON)),
+            pods_killed=list(self.ctx.pods_killed),
         )

@@ -4,6 +4,8 @@ The demo starts the sandbox stack, submits a two-slice TPU JobSet and a CPU-only
 timeline as it happens (pods pending, events routed, function calls, pools requested, nodes ready,
 pods running, JobSet completed, pools deleted) and ends with a summary. It exits 0 only when both
 JobSets completed, every pool the product created is gone and the CPU JobSet got none.
+
+``--scenario kueue`` runs the Kueue multislice flow instead (``sandbox.stack.demo_kueue``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TextIO
 
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
+from sandbox.stack.demo_kueue import run_kueue_scenario
 from sandbox.stack.timeline import TimelineEntry
 from sandbox.testing.builders import cpu_jobset, tpu_jobset
 from shared.core import labels
@@ -39,6 +42,7 @@ class DemoOptions:
     timeout: float = 60.0
     verbose: bool = False
     width: int = 160
+    scenario: str = "basic"  # or "kueue"
 
 
 def is_routine(entry: TimelineEntry) -> bool:
@@ -75,6 +79,8 @@ def run_demo(options: DemoOptions, config: StackConfig | None = None, out: TextI
     with Stack(config) as stack:
         print(f"child processes (pids): {' '.join(map(str, stack.pids))}", file=out, flush=True)
         stack.timeline.listen(show)
+        if options.scenario == "kueue":
+            return _kueue(stack, options, started, out)
         tpu = tpu_jobset(
             TPU_JOBSET,
             NAMESPACE,
@@ -132,6 +138,28 @@ def run_demo(options: DemoOptions, config: StackConfig | None = None, out: TextI
     if problems:
         for problem in problems:
             print(f"  PROBLEM: {problem}", file=out)
+        return 1
+    print("  result:         OK", file=out)
+    return 0
+
+
+def _kueue(stack: Stack, options: DemoOptions, started: float, out: TextIO) -> int:
+    outcome = run_kueue_scenario(stack, options.run_seconds, options.timeout - (time.monotonic() - started))
+    summary = outcome.summary
+    print("", file=out)
+    print("Summary", file=out)
+    print(f"  JobSets:        {', '.join(f'{n} {s}' for n, s in outcome.states.items())}", file=out)
+    print(
+        f"  node pools:     created {summary.pools_created}, handed over {summary.pools_adopted}, "
+        f"deleted {summary.pools_deleted}, leaked {len(summary.pools_leaked)}",
+        file=out,
+    )
+    print(f"  pods killed by a pool deletion: {summary.pods_killed}", file=out)
+    print(f"  function calls: {len(stack.relay.deliveries)} ({summary.redeliveries} redelivered)", file=out)
+    print(f"  wall time:      {time.monotonic() - started:.1f}s (stack up included)", file=out)
+    for problem in outcome.problems:
+        print(f"  PROBLEM: {problem}", file=out)
+    if outcome.problems:
         return 1
     print("  result:         OK", file=out)
     return 0

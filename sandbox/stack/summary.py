@@ -1,4 +1,9 @@
-"""The numbers a sandbox run ends with: pools created, deleted and leaked, redeliveries, time."""
+"""The numbers a sandbox run ends with: pools created, handed over, deleted and leaked, pods killed.
+
+``pools_adopted`` counts the product's ``TPUSliceAdopted`` Events (a pool handed over to another
+JobSet instead of being deleted and recreated); ``pods_killed`` counts pods that failed because
+the pool under them was deleted, which must stay 0 in every scenario.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ class StackSummary:
     pools_leaked: list[str]
     wall_seconds: float
     redeliveries: int
+    pools_adopted: int = 0
+    pods_killed: int = 0
 
 
 def created_pool_names(calls: Sequence[Call]) -> set[str]:
@@ -39,6 +46,9 @@ def summarize(
     deleted: Sequence[str],
     deliveries: Sequence[Delivery],
     wall_seconds: float,
+    *,
+    adopted_events: int = 0,
+    pods_killed: Sequence[str] = (),
 ) -> StackSummary:
     """Summarize a run from the GKE calls, the pools now, the deletions and the deliveries."""
     # A create GKE refused (a fault) made no pool; count only names that existed at some point.
@@ -49,4 +59,6 @@ def summarize(
         pools_leaked=sorted(str(p.get("name")) for p in managed),
         wall_seconds=wall_seconds,
         redeliveries=sum(1 for d in deliveries if d.attempt > 1),
+        pools_adopted=adopted_events,
+        pods_killed=len(set(pods_killed)),
     )

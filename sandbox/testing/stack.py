@@ -12,8 +12,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox.cluster.kueue_objects import KUEUE_API, PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, workload_name
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
+from sandbox.stack.kueue import apply_kueue as apply_kueue  # re-exported for scenario tests
 from sandbox.stack.pubsub import RetryPolicy
 from sandbox.testing.builders import tpu_jobset
 from shared.core import labels
@@ -49,6 +51,30 @@ def mixed_tpu_jobset(
         other = tpu_jobset(name, replicas=1, topology=topology, replicated_job=f"s{index}", **options)
         jobset["spec"]["replicatedJobs"] += other["spec"]["replicatedJobs"]
     return jobset
+
+
+def queued(jobset: Mapping[str, Any], queue: str = "multislice-queue", priority: str = "") -> dict[str, Any]:
+    """A copy of ``jobset`` labelled for Kueue's LocalQueue ``queue`` (and WorkloadPriorityClass)."""
+    body = copy.deepcopy(dict(jobset))
+    meta_labels = body["metadata"].setdefault("labels", {})
+    meta_labels[QUEUE_NAME_LABEL] = queue
+    if priority:
+        meta_labels[PRIORITY_CLASS_LABEL] = priority
+    return body
+
+
+def workload(stack: Stack, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    """The Kueue Workload of JobSet ``namespace/name``, or None."""
+    jobset = stack.jobset(namespace, name)
+    if jobset is None:
+        return None
+    return stack.kube.get(KUEUE_API, "workloads", namespace, workload_name(jobset))
+
+
+def admitted(stack: Stack, name: str, namespace: str = "default") -> bool:
+    """Whether Kueue let JobSet ``name`` run (it is unsuspended)."""
+    jobset = stack.jobset(namespace, name) or {}
+    return (jobset.get("spec") or {}).get("suspend") is False
 
 
 def submit(stack: Stack, jobset: Mapping[str, Any]) -> dict[str, Any]:

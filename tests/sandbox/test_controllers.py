@@ -174,7 +174,7 @@ def test_losing_the_nodes_fails_running_pods_and_the_jobset(
             eventually(lambda: cluster.jobset("lose").get("status", {}).get("restarts") == expected)  # noqa: B023
 
     eventually(lambda: is_true(cluster.jobset("lose"), "Failed"))
-    (event,) = cluster.events(reason)
+    (event,) = eventually(lambda: cluster.events(reason))  # written just after the condition
     assert event["type"] == "Warning"
     assert cluster.jobset("lose")["status"].get("restarts", 0) == restarts
 

@@ -20,6 +20,13 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-seconds", type=float, default=3.0, help="how long each pod runs (default 3)")
     parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
     parser.add_argument(
+        "--scenario",
+        choices=("basic", "kueue"),
+        default="basic",
+        help="basic: a TPU and a CPU JobSet (default); kueue: the Kueue multislice tutorial "
+        "(24 v5e chips of quota, JobSets of 3, 1 and 2 v5e 2x4 slices)",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"
     )
     parser.set_defaults(func=run, sandbox_command="demo")
@@ -59,6 +66,7 @@ def run(args: Any) -> int:
         run_seconds=args.run_seconds,
         timeout=args.timeout,
         verbose=args.verbose,
+        scenario=args.scenario,
     )
     try:
         return run_demo(options)

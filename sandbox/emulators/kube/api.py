@@ -337,6 +337,16 @@ class KubeApiServer:
         log: RequestLog = self._faults.snapshot()
         return sum(1 for m, p in log if (wanted is None or m == wanted) and path_contains in p)
 
+    # -- admission -----------------------------------------------------------------------------
+
+    def on_create(self, mutate: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """Call ``mutate(api_version, kind, obj)`` on every object about to be created.
+
+        A stand-in for a mutating admission webhook (Kueue suspends queued JobSets this way): it
+        runs inside the create, over HTTP or direct, and may change ``obj`` in place.
+        """
+        self._store.create_defaults.append(lambda rtype, obj: mutate(rtype.api_version, rtype.kind, obj))
+
     # -- change notifications ------------------------------------------------------------------
 
     def on_change(self, callback: ChangeCallback) -> None:
