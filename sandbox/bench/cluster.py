@@ -25,7 +25,7 @@ from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.procs import DeliveryError, PeakRss, first_2xx, launched, peak_rss, post
 from sandbox.testing.builders import cpu_jobset, tpu_jobset
-from shared.cloud.gke import spec_to_node_pool
+from shared.cloud.gke import GkeNodePoolAPI, spec_to_node_pool
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.slices import build_node_pool, slice_request
 
@@ -80,11 +80,13 @@ def build(env: BenchEnv, shape: ClusterShape) -> int:
     objects: list[dict[str, Any]] = [_node(i) for i in range(shape.nodes)]
     pods: list[dict[str, Any]] = []
     pending = shape.pending_pods
+    # Pools as provision builds them for this cluster (its release channel decides auto-upgrade).
+    cluster = GkeNodePoolAPI(endpoint=env.settings.gke_api_endpoint).get_cluster(env.settings.cluster_path)
     for index in range(shape.tpu_jobsets):
         jobset = tpu_jobset(f"tpu-{index:04d}", bench_env.NAMESPACES[index % 2], replicas=1, topology="4x4")
         objects.append(jobset)
         slice_pods = expand_pods(jobset)
-        spec, _ = build_node_pool(env.settings, slice_request(slice_pods[0]))
+        spec, _ = build_node_pool(env.settings, slice_request(slice_pods[0]), cluster)
         pb = container_v1.NodePool.pb(spec_to_node_pool(spec))
         env.gke.state.create_pool(env.settings.cluster_path, pb, lambda _machine_type: None)
         for pod in slice_pods:

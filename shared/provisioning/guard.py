@@ -24,6 +24,8 @@ log = logs.get("release")
 # A cordon of ours older than this was left by an attempt that died between cordon and delete
 # (the settle wait plus a delete call take seconds): reconcile lifts it from pools it keeps.
 STALE_CORDON_SECONDS = 120
+# Up to this many nodes a pool's occupancy is read node by node; beyond, in one cluster-wide list.
+PER_NODE_READS = 4
 
 
 def node_name(node: dict[str, Any]) -> str:
@@ -59,15 +61,20 @@ class PoolGuard:
         return self.kube.list_nodes(f"{labels.NODEPOOL}={pool.name}")
 
     def pods_on(self, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every non-terminal pod bound to one of ``nodes`` (server-side field selectors)."""
-        pods: list[dict[str, Any]] = []
-        for node in nodes:
-            pods.extend(
-                self.kube.list_pods(
-                    field_selector=f"spec.nodeName={node_name(node)},status.phase!=Succeeded,status.phase!=Failed"
-                )
-            )
-        return pods
+        """Every non-terminal pod bound to one of ``nodes`` (server-side field selectors).
+
+        A small pool costs one read per node; a large one (a 64-host slice) one paged read of every
+        bound, running pod of the cluster, filtered here: field selectors have no set form.
+        """
+        live = "status.phase!=Succeeded,status.phase!=Failed"
+        if len(nodes) <= PER_NODE_READS:
+            pods: list[dict[str, Any]] = []
+            for node in nodes:
+                pods.extend(self.kube.list_pods(field_selector=f"spec.nodeName={node_name(node)},{live}"))
+            return pods
+        names = {node_name(node) for node in nodes}
+        bound = self.kube.list_pods(field_selector=f"spec.nodeName!=,{live}")
+        return [pod for pod in bound if (pod.get("spec") or {}).get("nodeName") in names]
 
     def cordon(self, pool: NodePoolInfo, nodes: list[dict[str, Any]], why: str) -> None:
         """Cordon every node of the pool, then wait the settle time.

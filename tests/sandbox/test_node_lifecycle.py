@@ -75,7 +75,9 @@ class Sim:
                 and self.get(name)
             )
         )
-        spec, _ = build_node_pool(SETTINGS, slice_request(pending))
+        spec, _ = build_node_pool(
+            SETTINGS, slice_request(pending), self.adapter.get_cluster(SETTINGS.cluster_path)
+        )
         self.adapter.create_node_pool(SETTINGS.cluster_path, spec, "test")
         eventually(lambda: self.kube.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={spec.name}"))
         return spec.name
