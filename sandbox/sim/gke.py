@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 
 from sandbox.sim.engine import Simulation
-from shared.core.errors import AlreadyExistsError, NotFoundError, TransientError
+from shared.core.errors import AlreadyExistsError, NotFoundError, OperationLimitError
 from shared.tpu.nodepools import (
     STATUS_PROVISIONING,
     STATUS_RUNNING,
@@ -27,7 +27,8 @@ from shared.tpu.nodepools import (
     OperationInfo,
 )
 
-TOO_MANY_OPERATIONS = "429 Too many operations are running on the cluster; try again later"
+# GKE's answer beyond the quota (the text sandbox/emulators/gke/state.py sends), as the adapter raises it.
+TOO_MANY_OPERATIONS = 'Too many operations: cluster "{cluster}" hits the concurrent operations quota {limit}, please try again later.'
 
 
 @dataclasses.dataclass
@@ -68,6 +69,10 @@ class SimGke:
 
     def _call(self) -> None:
         self.spent += self.latency
+
+    def _too_many(self, cluster: str) -> str:
+        text = TOO_MANY_OPERATIONS.format(cluster=cluster.rsplit("/", 1)[-1], limit=self.op_limit)
+        return f"GKE create node pool: 429 {text}"
 
     def get_cluster(self, cluster: str) -> ClusterInfo:
         """A fixed cluster description."""
@@ -110,7 +115,7 @@ class SimGke:
             raise AlreadyExistsError(f"409 node pool {spec.name} already exists")
         if len(self.in_flight) >= self.op_limit:
             self.stats.wasted += 1
-            raise TransientError(TOO_MANY_OPERATIONS)
+            raise OperationLimitError(self._too_many(cluster))
         self.stats.creates_accepted += 1
         self.pools[spec.name] = NodePoolInfo(
             name=spec.name,
@@ -135,7 +140,7 @@ class SimGke:
         if name not in self.pools:
             raise NotFoundError(f"404 node pool {name} not found")
         if len(self.in_flight) >= self.op_limit:
-            raise TransientError(TOO_MANY_OPERATIONS)
+            raise OperationLimitError(self._too_many(cluster))
         self.stats.deletes += 1
         self.pools[name] = dataclasses.replace(self.pools[name], status=STATUS_STOPPING)
         return self._start(name, lambda: self.pools.pop(name, None))

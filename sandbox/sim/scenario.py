@@ -44,7 +44,9 @@ class SimConfig:
     op_minutes: float = 5.0
     op_jitter: float = 0.0  # +- fraction of the duration, uniform
     latency: float = 0.5  # seconds per GKE call
-    failed_scheduling_every: float = 60.0
+    # kube-scheduler retries an unschedulable pod at least every podMaxInUnschedulablePodsDuration
+    # (5 minutes by default) and on cluster changes; each failed attempt is a FailedScheduling.
+    failed_scheduling_every: float = 300.0
     reconcile_period: float = 300.0
     export_delay: float = 5.0  # log entry -> sink -> Pub/Sub -> push
     finished_ops: bool = True

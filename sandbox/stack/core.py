@@ -174,6 +174,7 @@ class Stack:
         self.publisher, _subscriber = clients(self.pubsub.host)
         _subscriber.close()
         self.router = LogRouter(self.kube, self.cluster, c.sinks_dir, self.publisher, self.timeline)
+        self.gke.on_operation_done(self.router.operation_done)  # GKE's audit log of finished operations
         self.router.start()
         self.jobsets.start()
         self.scheduler.start()

@@ -13,7 +13,7 @@ from shared.app.entry import Runtime
 from shared.core import logs
 from shared.events import envelope as events
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
-from shared.provisioning.provisioner import Outcome, Provisioner
+from shared.provisioning.provisioner import CREATED, SKIPPED, Outcome, Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
 from shared.provisioning.releaser import Releaser
 
@@ -40,9 +40,20 @@ def provisioner(runtime: Runtime) -> Provisioner:
 
 
 def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
-    """Handle a delivery on the pending-pods topic."""
+    """Handle a delivery on the pending-pods topic: a pending pod, or a finished node-pool operation."""
     decoded = events.decode_cloud_event(cloud_event)
     event = decoded.event
+    if isinstance(event, events.NodePoolOperationDone):
+        foreign = _foreign(runtime, event.cluster)
+        if foreign:
+            _ignore("provision", foreign)
+            return None
+        # A slot of the cluster's operation quota is free: waiting slices go now, not at a backoff.
+        with logs.bound(pool=event.pool):
+            requested = provisioner(runtime).resume()
+        return Outcome(
+            CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
+        )
     if not isinstance(event, events.PodUnschedulable):
         _ignore("provision", f"not a pending-pod event: {getattr(event, 'reason', event.kind)}")
         return None

@@ -90,6 +90,9 @@ class Settings:
     # No new GKE create starts after this many seconds of a delivery; must stay below the provision
     # service's Cloud Run timeout (60 s in infra/main.tf) minus one GKE call (8 s).
     request_deadline_seconds: int = 45
+    # The cluster's quota of concurrently running node-pool operations; 0 = learn it from GKE's first
+    # 429 ("... hits the concurrent operations quota N"), which names it.
+    gke_operation_limit: int = 0
     # Kubernetes list calls are paged with limit/continue; items per page (kubectl uses 500).
     kube_list_page_size: int = 500
 

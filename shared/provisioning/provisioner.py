@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,12 +26,22 @@ from shared.core.errors import (
     RejectedError,
     TransientError,
 )
-from shared.core.names import label_key_problem, label_value_problem
 from shared.core.settings import Settings
+from shared.provisioning import slots
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
+from shared.provisioning.requests import (
+    Create,
+    create_why,
+    group_incomplete,
+    jobset_ref,
+    label_problem,
+    managed_chips,
+    pod_created_at,
+    pod_ref,
+)
 from shared.tpu import catalog
-from shared.tpu.jobsets import jobset_log_field, jobset_problem, pod_jobset_value, replicas_of
+from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
@@ -41,12 +50,10 @@ from shared.tpu.nodepools import (
     NodePoolInfo,
     NodePoolSpec,
 )
-from shared.tpu.slices import SliceRequest, build_node_pool, pool_name, slice_request
+from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 log = logs.get("provision")
 
-# A pod's claimed replica count is only a hint; a forged huge one must not cost more than this.
-_MAX_REPLICAS_HINT = 1024
 
 # Outcome names double as the stable `event` field of the decision log line (prefixed "provision.").
 CREATED = "created"
@@ -54,6 +61,7 @@ EXISTS = "exists"
 SKIPPED = "skipped"
 REFUSED = "refused"
 FAILED = "failed"
+WAITING = "waiting"  # every GKE operation slot is taken: a finished operation (or reconcile) resumes it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,39 +73,6 @@ class Outcome:
     pool: str = ""
     slice: str = ""
     requested: tuple[str, ...] = ()  # every pool this call created (its own and its siblings')
-
-
-# GCE resource labels: lowercase letters, digits, "_" and "-"; keys start with a letter.
-_RESOURCE_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}\Z")
-_RESOURCE_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}\Z")
-
-
-def label_problem(spec: NodePoolSpec) -> str:
-    """Why the pool's labels must not be sent ("" when every key and value is valid).
-
-    Ownership values come from the pod's JobSet labels or annotations, and annotations are free
-    text: a value such as ``a,tpuprov.dev/managed-by=x`` must be refused here rather than reach
-    GKE, which hands node labels to the kubelet as one comma-separated flag.
-    """
-    for key, value in spec.labels.items():
-        problem = label_key_problem(key) or label_value_problem(value)
-        if problem:
-            return f"cannot label the node pool: {problem}"
-    for key, value in spec.resource_labels.items():
-        if not (_RESOURCE_LABEL_KEY.match(key) and _RESOURCE_LABEL_VALUE.match(value)):
-            return f"cannot label the node pool: resource label {key}={value!r} is not a valid GCE label"
-    return ""
-
-
-def managed_chips(pools: list[NodePoolInfo]) -> int:
-    """Chips held by the product's pools (those stopping are on their way out and not counted)."""
-    total = 0
-    for pool in pools:
-        if pool.labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE or pool.status == STATUS_STOPPING:
-            continue
-        chips = catalog.machine_type_chips(pool.machine_type) or 0
-        total += chips * pool.node_count
-    return total
 
 
 class Provisioner:
@@ -118,6 +93,8 @@ class Provisioner:
         self.known_pools = KnownPools(known_pool_ttl, clock)
         self._clock = clock
         self._cluster: ClusterInfo | None = None
+        # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
+        self.operation_limit: int | None = settings.gke_operation_limit or None
 
     def cluster(self) -> ClusterInfo:
         """The managed cluster (zones, release channel), read from GKE once per instance."""
@@ -176,7 +153,7 @@ class Provisioner:
         with self.known_pools.single_flight(
             f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
         ):
-            if self.known_pools.known(spec.name, _created(pod)):
+            if self.known_pools.known(spec.name, pod_created_at(pod)):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
@@ -205,14 +182,14 @@ class Provisioner:
                 why += "; reconcile recycles failed pools"
                 # The JobSet hears about it now, not at the next reconcile (aggregated: one Event).
                 self.kube.record_event(
-                    _jobset_ref(request),
+                    jobset_ref(request),
                     labels.REASON_FAILED,
                     f"node pool {spec.name} for {slice_desc} failed to provision: "
                     f"{existing.status_message or 'status ERROR'}; it is recycled by the next reconcile",
                     warning=True,
                 )
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
-            if settled or not _group_incomplete(pod, request, pools):
+            if settled or not group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
             # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
@@ -231,7 +208,7 @@ class Provisioner:
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
-        wanted: list[_Create] = [] if existing is not None else [_Create(request, spec, slice_desc)]
+        wanted: list[Create] = [] if existing is not None else [Create(request, spec, slice_desc)]
         for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
             if index == request.slice_id.job_index:
                 continue
@@ -241,7 +218,7 @@ class Provisioner:
             sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
             if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
                 continue
-            wanted.append(_Create(sibling, sibling_spec, sibling.slice_id.describe()))
+            wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:
             outcomes = self._create_all(pod, wanted, shape, pools, budget, request, jobset)
         except TransientError:
@@ -258,7 +235,7 @@ class Provisioner:
     def _create_all(
         self,
         pod: dict[str, Any],
-        wanted: list[_Create],
+        wanted: list[Create],
         shape: catalog.SliceShape,
         pools: list[NodePoolInfo],
         budget: Budget,
@@ -272,7 +249,7 @@ class Provisioner:
         requests the rest.
         """
         outcomes: dict[str, Outcome] = {}
-        sendable: list[_Create] = []
+        sendable: list[Create] = []
         in_use = managed_chips(pools) if self.settings.chip_budget else 0
         for item in wanted:
             if self.settings.chip_budget and in_use + shape.total_chips > self.settings.chip_budget:
@@ -285,14 +262,28 @@ class Provisioner:
             in_use += shape.total_chips  # reserved before sending, so concurrent creates cannot overshoot
             sendable.append(item)
 
-        def send(item: _Create) -> None:
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, _why(item, shape))
+        free = self.free_slots(pools)
+        if free is not None and self.operation_limit is not None and free < len(sendable):
+            # No point asking GKE for more operations than it runs at once: the rest waits for a
+            # finished operation (its audit entry resumes provisioning) instead of collecting 429s.
+            why = (
+                f"waiting for a GKE operation slot: {self.operation_limit - free} of "
+                f"{self.operation_limit} in use; a finished node-pool operation resumes it"
+            )
+            for item in sendable[free:]:
+                outcomes[item.spec.name] = Outcome(WAITING, why, item.spec.name, item.slice_desc)
+            logs.decision(log, "provision.waiting", why, waiting=len(sendable) - free, sending=free)
+            sendable = sendable[:free]
+
+        def send(item: Create) -> None:
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, create_why(item, shape))
 
         result = fan_out(sendable, send, self.settings.create_concurrency, budget)
         failures: list[TransientError] = []
         for item, error in result.sent:
             if isinstance(error, TransientError):
                 failures.append(error)
+                self._learn_limit(error)
                 continue
             outcomes[item.spec.name] = self._created(pod, item, shape, pools, error)
         created = [
@@ -302,8 +293,8 @@ class Provisioner:
             # One Event per group (or per part of it a delivery got through), naming every pool: on
             # the JobSet and on the pod that asked.
             message = f"requested node pools {', '.join(created)} for {request.slice_id.replicated_job}"
-            self.kube.record_event(_jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
-            self.kube.record_event(_ref(pod), labels.REASON_REQUESTED, message)
+            self.kube.record_event(jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
+            self.kube.record_event(pod_ref(pod), labels.REASON_REQUESTED, message)
         if failures or result.unsent:
             self._defer(pod, wanted, outcomes, failures, result.unsent, result.stopped)
         return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
@@ -311,7 +302,7 @@ class Provisioner:
     def _created(
         self,
         pod: dict[str, Any],
-        item: _Create,
+        item: Create,
         shape: catalog.SliceShape,
         pools: list[NodePoolInfo],
         error: Exception | None,
@@ -324,7 +315,10 @@ class Provisioner:
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
         if isinstance(error, RejectedError):
             self.kube.record_event(
-                _ref(pod), labels.REASON_FAILED, f"GKE rejected pool {spec.name}: {error.why}", warning=True
+                pod_ref(pod),
+                labels.REASON_FAILED,
+                f"GKE rejected pool {spec.name}: {error.why}",
+                warning=True,
             )
             return self._done(
                 Outcome(FAILED, f"GKE rejected pool {spec.name}: {error.why}", spec.name, slice_desc),
@@ -342,16 +336,16 @@ class Provisioner:
                 labels=dict(spec.labels),
             )
         )
-        why = _why(item, shape)
+        why = create_why(item, shape)
         return self._done(Outcome(CREATED, why, spec.name, slice_desc))
 
     def _defer(
         self,
         pod: dict[str, Any],
-        wanted: list[_Create],
+        wanted: list[Create],
         outcomes: dict[str, Outcome],
         failures: list[TransientError],
-        unsent: list[_Create],
+        unsent: list[Create],
         stopped: str,
     ) -> None:
         """Some creates of the group are left for redelivery: log it and raise so that it comes."""
@@ -365,6 +359,20 @@ class Provisioner:
         logs.decision(log, "provision.deferred", why, logging.WARNING, sent=len(outcomes) + len(failures))
         limited = any(isinstance(f, OperationLimitError) for f in failures)
         raise (OperationLimitError if limited else TransientError)(why)
+
+    # -- GKE's operation slots -----------------------------------------------------------------------
+
+    def free_slots(self, pools: list[NodePoolInfo]) -> int | None:
+        """Operation slots free by the listing, None while the cluster's quota is unknown."""
+        return slots.free(self.operation_limit, pools)
+
+    def _learn_limit(self, error: TransientError) -> None:
+        if isinstance(error, OperationLimitError):
+            self.operation_limit = slots.stated_quota(error.why) or self.operation_limit
+
+    def resume(self) -> list[str]:
+        """A node-pool operation of the cluster finished: request waiting slices while slots are free."""
+        return slots.resume(self)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -382,7 +390,7 @@ class Provisioner:
         return ""
 
     def _refuse(self, pod: dict[str, Any], why: str, slice_desc: str, pool: str = "") -> Outcome:
-        self.kube.record_event(_ref(pod), labels.REASON_REFUSED, why, warning=True)
+        self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
         return self._done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
 
     def _done(self, outcome: Outcome, level: int = logging.INFO) -> Outcome:
@@ -390,65 +398,3 @@ class Provisioner:
             log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
         )
         return outcome
-
-
-@dataclasses.dataclass(frozen=True)
-class _Create:
-    """One pool to request: the slice, the pool spec and its description for logs and Events."""
-
-    request: SliceRequest
-    spec: NodePoolSpec
-    slice_desc: str
-
-
-def _why(item: _Create, shape: catalog.SliceShape) -> str:
-    return (
-        f"{item.slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
-        f"({item.request.accelerator} {shape.topology}, {shape.total_chips} chips)"
-    )
-
-
-def _group_incomplete(pod: dict[str, Any], request: SliceRequest, pools: list[NodePoolInfo]) -> bool:
-    """Whether the listing lacks a pool of the replicated job the pod says it belongs to.
-
-    Only a hint for when to read the JobSet (which then decides); it costs no API call, so a storm
-    of events for slices that exist stays at two reads per event.
-    """
-    try:
-        replicas = int(str(pod_jobset_value(pod, labels.REPLICATED_JOB_REPLICAS) or 0))
-    except ValueError:
-        return False
-    names = {p.name for p in pools}
-    sid = request.slice_id
-    return any(
-        pool_name(dataclasses.replace(sid, job_index=index)) not in names
-        for index in range(min(replicas, _MAX_REPLICAS_HINT))
-    )
-
-
-def _ref(pod: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata") or {}}
-
-
-def _jobset_ref(request: SliceRequest, jobset: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JobSet of a slice as an Event's involved object (from the pod's claims when not read)."""
-    sid = request.slice_id
-    meta = (jobset or {}).get("metadata") or {
-        "name": sid.jobset,
-        "namespace": sid.namespace,
-        "uid": sid.jobset_uid,
-    }
-    return {
-        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
-        "kind": "JobSet",
-        "metadata": meta,
-    }
-
-
-def _created(pod: dict[str, Any]) -> float | None:
-    """The pod's creationTimestamp in Unix seconds (None when absent or unreadable)."""
-    stamp = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
-    except ValueError:
-        return None

@@ -259,6 +259,10 @@ class GkeEmulator:
         """Call ``callback(cluster_path, pool_json)`` when a pool reaches RUNNING."""
         self.state.on_pool_ready(callback)
 
+    def on_operation_done(self, callback: Callable[[str, str, str, str], None]) -> None:
+        """Call ``callback(cluster_path, pool, method, error)`` whenever a node-pool operation ends."""
+        self.state.on_operation_done(callback)
+
     def on_pool_deleted(self, callback: PoolDeletedHook) -> None:
         """Call ``callback(cluster_path, pool_name)`` when a pool is gone."""
         self.state.on_pool_deleted(callback)

@@ -46,6 +46,14 @@ def to_dict(message: Any) -> dict[str, Any]:
     return result
 
 
+# Operation type -> the API method GKE's audit log names for it.
+_OP_METHODS = {
+    cs.Operation.Type.CREATE_NODE_POOL: "CreateNodePool",
+    cs.Operation.Type.DELETE_NODE_POOL: "DeleteNodePool",
+    cs.Operation.Type.UPGRADE_NODES: "UpdateNodePool",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSeed:
     """A cluster the emulator knows from the start (clusters are never created through it)."""
@@ -119,6 +127,7 @@ class GkeState:
         self._ready_hooks: list[PoolReadyHook] = []
         self._deleted_hooks: list[PoolDeletedHook] = []
         self._updated_hooks: list[PoolUpdatedHook] = []
+        self._op_hooks: list[Callable[[str, str, str, str], None]] = []
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -165,6 +174,15 @@ class GkeState:
         """Call ``callback(cluster_path, pool_name)`` whenever a pool disappears."""
         with self._lock:
             self._deleted_hooks.append(callback)
+
+    def on_operation_done(self, callback: Callable[[str, str, str, str], None]) -> None:
+        """Call ``callback(cluster_path, pool, method, error)`` when any node-pool operation ends.
+
+        ``method`` is the API method ("CreateNodePool", "DeleteNodePool", "UpdateNodePool"); this is
+        what GKE's Admin Activity audit log records with ``operation.last`` for the same moment.
+        """
+        with self._lock:
+            self._op_hooks.append(callback)
 
     def on_pool_updated(self, callback: PoolUpdatedHook) -> None:
         """Call ``callback(cluster_path, pool_json)`` whenever an update operation finishes."""
@@ -352,6 +370,14 @@ class GkeState:
         return op
 
     def _finish(self, op: _Operation) -> list[Callable[[], None]]:
+        hooks = self._finish_pool(op)
+        method = _OP_METHODS.get(op.op_type)
+        if method:
+            path = op.cluster.path
+            hooks += [functools.partial(h, path, op.pool, method, op.error) for h in self._op_hooks]
+        return hooks
+
+    def _finish_pool(self, op: _Operation) -> list[Callable[[], None]]:
         op.done = True
         op.end_time = _now_rfc3339()
         path = op.cluster.path

@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.cluster.common import KubeState, QueueWorker, ref
-from sandbox.emulators.logging.entries import jobset_delete_audit_entry, kube_event_entry
+from sandbox.emulators.logging.entries import (
+    jobset_delete_audit_entry,
+    kube_event_entry,
+    nodepool_operation_entry,
+)
 from sandbox.emulators.logging.filter import LogFilter, load_filter
 from sandbox.stack.pubsub import SINKS, TOPIC_PREFIX, wiring
 from sandbox.stack.timeline import Timeline
@@ -151,8 +155,19 @@ class LogRouter:
         if wanted:
             self._worker.submit((event_type, obj))
 
+    def operation_done(self, cluster_path: str, pool: str, method: str, error: str) -> None:
+        """A GKE node-pool operation ended: write its ``operation.last`` audit entry (a GKE hook)."""
+        if cluster_path == self.cluster.path:
+            self._worker.submit(("OPERATION", {"pool": pool, "method": method, "error": error}))
+
     def _route(self, event_type: str, obj: dict[str, Any]) -> None:
-        if obj.get("kind") == "JobSet":
+        if event_type == "OPERATION":
+            entry = nodepool_operation_entry(
+                self.cluster, obj["pool"], obj["method"], status_code=13 if obj["error"] else 0
+            )
+            subject = f"audit: {obj['method']} of {obj['pool']} finished"
+            detail = f": {obj['error']}" if obj["error"] else ""
+        elif obj.get("kind") == "JobSet":
             meta = obj.get("metadata") or {}
             entry = jobset_delete_audit_entry(
                 self.cluster,
@@ -188,7 +203,7 @@ class LogRouter:
                 self._routed.append(Routed(sink, topic, message_id, entry))
             # Destination first: the demo cuts long lines, and the message is the least interesting part.
             self.timeline.add("router", f"{subject} -> {topic} (message {message_id}){detail}")
-        if not exported and obj.get("reason") in _NOTABLE:
+        if not exported and event_type != "OPERATION" and obj.get("reason") in _NOTABLE:
             self.timeline.add("events", f"{subject}{detail}")
 
     def _take_drop(self, entry: Mapping[str, Any]) -> bool:

@@ -85,9 +85,16 @@ def test_fan_out_stops_at_the_operation_limit_and_redelivery_finishes_the_group(
 
     gke.on_call = None
     assert deliver(service, pods[0]) == EXISTS  # the redelivery: its own pool exists, siblings follow
+    if service.operation_limit is not None:
+        # GKE's 429 named its quota (5): with two pools provisioning, three slots are free and the
+        # last slice waits for a finished operation instead of being refused again.
+        assert service.operation_limit == 5
+        assert len(gke.managed_names(CLUSTER)) == 5
+        for name in gke.managed_names(CLUSTER):
+            gke.mark(CLUSTER, name, "RUNNING")  # the operations end: their audit entries resume
+        assert len(service.resume()) == 1
     assert len(gke.managed_names(CLUSTER)) == 6
     assert gke.count("create") == 3 + 4  # every pool accepted exactly once, no 409 round trips
-    assert kube.reasons().count(labels.REASON_REQUESTED) == 4  # one pair of Events per delivery
     assert set(gke.managed_names(CLUSTER)) == set(requested_names(kube))
 
 

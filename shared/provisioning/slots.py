@@ -1,0 +1,81 @@
+"""GKE's operation slots: how many node-pool operations the cluster runs at once, and resuming when one frees.
+
+GKE runs a limited number of node-pool operations per cluster at a time and answers the next one
+with 429 "Too many operations: cluster "c" hits the concurrent operations quota N", naming N. The
+provisioner sends no more creates than there are free slots (pools with a running operation hold
+one each), so a large multislice costs at most one refused call per wave; the slices that must wait
+are acknowledged, not redelivered (a wait of hours would exhaust Pub/Sub's delivery attempts). GKE's
+audit entry of each finished operation reaches provision (``sinks/nodepool-operations.filter``) and
+``resume`` requests the waiting slices at once; the reconcile sweep is the safety net.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from shared.core import labels, logs
+from shared.core.errors import NotEligible, Refused
+from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.slices import slice_request
+
+if TYPE_CHECKING:
+    from shared.provisioning.provisioner import Provisioner
+
+log = logs.get("provision")
+
+_QUOTA = re.compile(r"concurrent operations quota (\d+)")
+# Pool states that hold one of the cluster's operation slots (an operation is running on the pool).
+BUSY = ("PROVISIONING", "STOPPING", "RECONCILING")
+
+
+def stated_quota(message: str) -> int | None:
+    """The quota a GKE 429 names, or None."""
+    match = _QUOTA.search(message)
+    return int(match.group(1)) if match else None
+
+
+def free(limit: int | None, pools: list[NodePoolInfo]) -> int | None:
+    """Free operation slots given the listing, None when the quota is unknown."""
+    if limit is None:
+        return None
+    return max(0, limit - sum(1 for p in pools if p.status in BUSY))
+
+
+def resume(provisioner: Provisioner) -> list[str]:
+    """Request waiting slices (pending JobSet pods without their pool), oldest pod first, while slots last.
+
+    Each is requested exactly as provision requests it (its whole replicated job, the JobSet read
+    deciding); one pool listing per group keeps the slot count honest. Returns the pools requested.
+    """
+    cluster = provisioner.settings.cluster_path
+    pods = provisioner.kube.list_pods(
+        label_selector=labels.JOBSET_NAME, field_selector="status.phase=Pending"
+    )
+    pods.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+    requested: list[str] = []
+    done: set[str] = set()
+    for pod in pods:
+        try:
+            name = slice_request(pod).pool_name
+        except (NotEligible, Refused):
+            continue
+        if name in done:
+            continue
+        pools = provisioner.gke.list_node_pools(cluster)
+        if free(provisioner.operation_limit, pools) == 0:
+            break
+        done.update(p.name for p in pools)
+        if name in done:
+            continue
+        outcome = provisioner.provision_pod(pod, pools=pools)
+        requested += outcome.requested
+        done.update(outcome.requested)
+        done.add(name)
+    logs.decision(
+        log,
+        "provision.resumed",
+        f"a node-pool operation finished: requested {len(requested)} waiting pool(s)",
+        requested=len(requested),
+    )
+    return requested
