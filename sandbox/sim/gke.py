@@ -28,7 +28,10 @@ from shared.tpu.nodepools import (
 )
 
 # GKE's answer beyond the quota (the text sandbox/emulators/gke/state.py sends), as the adapter raises it.
-TOO_MANY_OPERATIONS = 'Too many operations: cluster "{cluster}" hits the concurrent operations quota {limit}, please try again later.'
+TOO_MANY_OPERATIONS = (
+    'Too many operations: cluster "{cluster}" hits the concurrent operations quota {limit}, '
+    "please try again later."
+)
 
 
 @dataclasses.dataclass
