@@ -38,6 +38,11 @@ _TOO_MANY = (
     '429 Too many operations: cluster "c" hits the concurrent operations quota 5, please try again later.'
 )
 _INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234."
+# GKE's answer to a create beyond the project's resource quota (403 PERMISSION_DENIED).
+_QUOTA = (
+    '403 Insufficient regional quota to satisfy request: resource "TPU_V6E": request requires '
+    "'16.0' and is short '8.0'. project has a quota of '8.0' with '8.0' available."
+)
 
 
 class FakeGke:
@@ -67,12 +72,13 @@ class FakeGke:
         self._lock = threading.Lock()
 
     def fail(self, method: str, kind: str, times: int = 1) -> None:
-        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected or unavailable."""
+        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected, quota or unavailable."""
         errors: dict[str, Callable[[], Exception]] = {
             "429": lambda: OperationLimitError(_TOO_MANY),
             "incompatible": lambda: OperationLimitError(_INCOMPATIBLE),
             "unavailable": lambda: TransientError("503 Service Unavailable"),
             "rejected": lambda: RejectedError("400 Invalid machine type", 400),
+            "quota": lambda: RejectedError(_QUOTA, 403),
         }
         self._faults.setdefault(method, []).extend(errors[kind]() for _ in range(times))
 
@@ -242,8 +248,9 @@ class FakeKube:
         self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
 
     def add_jobset(self, jobset: dict[str, Any]) -> None:
-        """Store a JobSet."""
+        """Store a JobSet (with a resourceVersion, as the API server gives every object)."""
         meta = jobset["metadata"]
+        meta.setdefault("resourceVersion", "1")
         self.jobsets[(meta.get("namespace", "default"), meta["name"])] = jobset
 
     def add_pool_nodes(self, pool: NodePoolInfo, cluster_name: str = "c") -> list[str]:

@@ -118,14 +118,15 @@ def describe(seconds: float) -> str:
     return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
-def failed_message(settings: Settings, pool: str, reason: str, failure: Failure, slice_desc: str = "") -> str:
+def failed_message(settings: Settings, pool: str, reason: str, failure: Failure) -> str:
     """The ``TPUSliceFailed`` Event of one attempt: what failed, why, and what happens next and when.
 
-    The same for every sighting of the attempt (no "now" in it), so repeats aggregate into one Event.
+    The same for every sighting of the attempt by any function (no "now", nothing only one caller
+    knows), so repeats aggregate into one Event whose count says how often it was seen.
     """
     wait = delay(settings, failure.attempts)
     at = datetime.datetime.fromtimestamp(retry_at(settings, failure), tz=datetime.UTC)
-    what = f"node pool {pool}" + (f" for {slice_desc}" if slice_desc else "")
+    what = f"node pool {pool}"
     when = (
         f"retrying in {describe(wait)} (not before {at:%H:%M:%S}Z)" if wait else "retrying at the next sweep"
     )
@@ -140,9 +141,7 @@ class Backoff:
         self.kube = kube
         self.clock = clock
 
-    def observe(
-        self, jobset: dict[str, Any], pool: str, reason: str, slice_desc: str = "", *, pool_made: bool = True
-    ) -> Failure:
+    def observe(self, jobset: dict[str, Any], pool: str, reason: str, *, pool_made: bool = True) -> Failure:
         """Record that ``pool`` failed (ERROR status; ``pool_made`` False: the create itself was
         refused for quota) unless this failure is recorded already, and tell the JobSet.
 
@@ -162,7 +161,7 @@ class Backoff:
         self.kube.record_event(
             _jobset_ref(jobset),
             labels.REASON_FAILED,
-            failed_message(self.settings, pool, reason, failure, slice_desc),
+            failed_message(self.settings, pool, reason, failure),
             warning=True,
         )
         logs.decision(

@@ -207,7 +207,7 @@ class Provisioner:
                 self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
                 why += "; reconcile recycles it once its stockout backoff is over"
-                self._report_failed(request, existing, slice_desc)
+                self._report_failed(request, existing)
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled or not _group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
@@ -328,7 +328,7 @@ class Provisioner:
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
         if isinstance(error, RejectedError) and backoff.is_quota_error(error.why):
             # Out of quota is a scarce resource like a stockout: the slice backs off the same way.
-            failure = self.backoff.observe(jobset, spec.name, error.why, slice_desc, pool_made=False)
+            failure = self.backoff.observe(jobset, spec.name, error.why, pool_made=False)
             why = f"GKE refused pool {spec.name} for quota (attempt {failure.attempts}): {error.why}"
             return self._done(Outcome(FAILED, why, spec.name, slice_desc), logging.WARNING)
         if isinstance(error, RejectedError):
@@ -377,14 +377,14 @@ class Provisioner:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _report_failed(self, request: SliceRequest, pool: NodePoolInfo, slice_desc: str) -> None:
+    def _report_failed(self, request: SliceRequest, pool: NodePoolInfo) -> None:
         """Tell the JobSet now (not at the next sweep) that GKE could not provision its slice, with
         the attempt and when it is retried; the first sighting of an attempt records it."""
         try:
             jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
         except NotFoundError:
             return  # reconcile deletes the pools of a JobSet that is gone
-        self.backoff.observe(jobset, pool.name, pool.status_message or "status ERROR", slice_desc)
+        self.backoff.observe(jobset, pool.name, pool.status_message or "status ERROR")
 
     def _backing_off(self, jobset: dict[str, Any]) -> dict[str, str]:
         """Pools of this JobSet that must not be created yet, with why (their failure backoff runs)."""
