@@ -17,6 +17,7 @@ from typing import Any
 from shared.core import labels as keys
 from shared.core.errors import (
     AlreadyExistsError,
+    ConflictError,
     NotFoundError,
     OperationLimitError,
     RejectedError,
@@ -37,6 +38,11 @@ _TOO_MANY = (
     '429 Too many operations: cluster "c" hits the concurrent operations quota 5, please try again later.'
 )
 _INCOMPATIBLE = "400 Cluster is running incompatible operation operation-1234."
+# GKE's answer to a create beyond the project's resource quota (403 PERMISSION_DENIED).
+_QUOTA = (
+    '403 Insufficient regional quota to satisfy request: resource "TPU_V6E": request requires '
+    "'16.0' and is short '8.0'. project has a quota of '8.0' with '8.0' available."
+)
 
 
 class FakeGke:
@@ -66,12 +72,13 @@ class FakeGke:
         self._lock = threading.Lock()
 
     def fail(self, method: str, kind: str, times: int = 1) -> None:
-        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected or unavailable."""
+        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected, quota or unavailable."""
         errors: dict[str, Callable[[], Exception]] = {
             "429": lambda: OperationLimitError(_TOO_MANY),
             "incompatible": lambda: OperationLimitError(_INCOMPATIBLE),
             "unavailable": lambda: TransientError("503 Service Unavailable"),
             "rejected": lambda: RejectedError("400 Invalid machine type", 400),
+            "quota": lambda: RejectedError(_QUOTA, 403),
         }
         self._faults.setdefault(method, []).extend(errors[kind]() for _ in range(times))
 
@@ -225,6 +232,8 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.arrivals: list[tuple[str, str, str]] = []
         self.cordons: list[tuple[str, bool, str]] = []
+        self.annotations: list[tuple[str, str, dict[str, str | None], str]] = []
+        self.before_annotate: Callable[[str, str], None] | None = None  # runs as an annotate arrives
         self.reads = 0
         self.down = False
 
@@ -239,8 +248,9 @@ class FakeKube:
         self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
 
     def add_jobset(self, jobset: dict[str, Any]) -> None:
-        """Store a JobSet."""
+        """Store a JobSet (with a resourceVersion, as the API server gives every object)."""
         meta = jobset["metadata"]
+        meta.setdefault("resourceVersion", "1")
         self.jobsets[(meta.get("namespace", "default"), meta["name"])] = jobset
 
     def add_pool_nodes(self, pool: NodePoolInfo, cluster_name: str = "c") -> list[str]:
@@ -334,6 +344,49 @@ class FakeKube:
         """JobSets, optionally in one namespace."""
         self._read()
         return [copy.deepcopy(j) for (ns, _), j in sorted(self.jobsets.items()) if namespace in (None, ns)]
+
+    def annotate_jobset(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+        why: str,
+    ) -> dict[str, Any]:
+        """Merge-patch a JobSet's annotations; 409 Conflict when ``resource_version`` is stale.
+
+        Stored JobSets without a resourceVersion get "1"; every write bumps it, as the API server's.
+        ``before_annotate`` (optional) runs first, e.g. to model a concurrent writer.
+        """
+        if self.before_annotate is not None:
+            self.before_annotate(namespace, name)
+        if self.down:
+            raise TransientError("Kubernetes API unreachable: connection refused")
+        stored = self.jobsets.get((namespace, name))
+        if stored is None:
+            raise NotFoundError(f'404 jobsets.jobset.x-k8s.io "{name}" not found')
+        meta = stored["metadata"]
+        current = str(meta.setdefault("resourceVersion", "1"))
+        if resource_version and resource_version != current:
+            raise ConflictError(
+                f'409 Operation cannot be fulfilled on jobsets.jobset.x-k8s.io "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again"
+            )
+        merged = dict(meta.get("annotations") or {})
+        for key, value in annotations.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        meta["annotations"] = merged
+        meta["resourceVersion"] = str(int(current) + 1)
+        self.annotations.append((namespace, name, dict(annotations), why))
+        return copy.deepcopy(stored)
+
+    def touch_jobset(self, namespace: str, name: str) -> None:
+        """Bump a JobSet's resourceVersion, as any other writer (e.g. its controller) would."""
+        meta = self.jobsets[(namespace, name)]["metadata"]
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 1) + 1)
 
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False

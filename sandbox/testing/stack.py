@@ -28,6 +28,8 @@ FAST = StackConfig(
     scheduler_initial_backoff=0.5,
     scheduler_max_backoff=2.0,
     default_run_seconds=1.0,
+    # A stockout backoff of seconds, not minutes: 2, 4, 8, 8... (tests wait it out or walk through it).
+    function_env={"STOCKOUT_BACKOFF_SECONDS": "2", "STOCKOUT_BACKOFF_MAX_SECONDS": "8"},
 )
 
 

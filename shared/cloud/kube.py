@@ -20,6 +20,7 @@ from urllib.parse import quote
 from shared.core import labels, logs
 from shared.core.errors import (
     AlreadyExistsError,
+    ConflictError,
     InvalidInputError,
     NotFoundError,
     RejectedError,
@@ -158,6 +159,36 @@ class KubeClient:
         else:
             path = f"{JOBSET_PATH}/{labels.JOBSET_PLURAL}"
         return self._list(path)
+
+    def annotate_jobset(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+        why: str,
+    ) -> dict[str, Any]:
+        """Patch a JobSet's annotations (JSON merge patch) on the condition that it is unchanged.
+
+        The resourceVersion in the patch makes the API server refuse it with 409 Conflict if another
+        writer got there first, so read-modify-write of an annotation never loses an update.
+        """
+        path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}/{quote(name)}"
+        patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
+        logs.decision(log, "kube.annotate_jobset", why, namespace=namespace, jobset=name)
+        try:
+            return dict(
+                request_json(
+                    self.api_client,
+                    "PATCH",
+                    path,
+                    body=patch,
+                    content_type="application/merge-patch+json",
+                    timeout=self.timeout,
+                )
+            )
+        except AlreadyExistsError as exc:  # a 409 on an update is a Conflict, not "exists"
+            raise ConflictError(exc.why) from None
 
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False

@@ -84,6 +84,18 @@ class KubeAPI(Protocol):
         """JobSets, optionally in one namespace."""
         ...
 
+    def annotate_jobset(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        resource_version: str,
+        why: str,
+    ) -> dict[str, Any]:
+        """Set (None: remove) annotations of a JobSet if it still has ``resource_version``; returns the
+        JobSet as stored. Raises ConflictError (written since it was read) or NotFoundError."""
+        ...
+
     def record_event(
         self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:

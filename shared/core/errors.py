@@ -45,6 +45,11 @@ class OperationLimitError(TransientError):
     """
 
 
+class ConflictError(TransientError):
+    """An update carried a resourceVersion the object no longer has (HTTP 409 Conflict): someone
+    wrote it since it was read. Read it again and redo the change; escaping, it means redelivery."""
+
+
 class NotFoundError(PermanentError):
     """The addressed object does not exist (HTTP 404)."""
 

@@ -48,6 +48,10 @@ IDLE_SINCE = f"{PRODUCT_DOMAIN}/idle-since"
 # Node annotation set while the product cordons a node before deleting its pool: says who and why,
 # and lets the product lift only its own cordons (never an operator's).
 CORDONED = f"{PRODUCT_DOMAIN}/cordoned"
+# JobSet annotation: JSON {pool: {"attempts": K, "failedAt": unix, "recycled": bool}} of the slices
+# GKE could not provision (stockout, quota). The stockout backoff is derived from it; it lives and
+# dies with the JobSet and shows in `kubectl describe jobset` (shared.provisioning.backoff).
+SLICE_FAILURES = f"{PRODUCT_DOMAIN}/slice-failures"
 # A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.
 OPT_OUT = f"{PRODUCT_DOMAIN}/opt-out"
 # Resource (GCE) labels allow neither dots nor slashes; billing exports group by these.

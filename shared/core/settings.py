@@ -42,6 +42,8 @@ def _int(raw: str, name: str, minimum: int = 0) -> int:
 _MAXIMUM = {
     "cordon_settle_seconds": 30,  # the release call sleeps this long inside one delivery
     "idle_pool_seconds": 3600,  # an idle TPU slice costs money every second it is kept
+    # A slice waits at most this long for a retry once capacity is back; longer is lost training time.
+    "stockout_backoff_max_seconds": 6 * 3600,
 }
 
 
@@ -105,6 +107,12 @@ class Settings:
     # Keep an idle pool this long for a waiting JobSet of exactly its shape before deleting it.
     idle_pool_seconds: int = 120
 
+    # Stockouts and quota (see README "Stockouts"): a slice GKE could not provision is retried after
+    # STOCKOUT_BACKOFF_SECONDS, doubling per failed attempt up to STOCKOUT_BACKOFF_MAX_SECONDS (the
+    # cluster autoscaler's node-group backoff: 5 min doubling to 30 min). 0 retries at the next sweep.
+    stockout_backoff_seconds: int = 300
+    stockout_backoff_max_seconds: int = 1800
+
     # Setup / Kueue.
     manifests_dir: str = "/app/manifests"
     kueue_config_path: str = ""
@@ -121,6 +129,11 @@ class Settings:
             raise InvalidInputError(
                 f"setting DISK_TYPE={self.disk_type!r} is not a GKE boot disk type; use one of "
                 f"{', '.join(BOOT_DISK_TYPES)}, or leave it unset for each TPU generation's default"
+            )
+        if self.stockout_backoff_max_seconds < self.stockout_backoff_seconds:
+            raise InvalidInputError(
+                f"setting STOCKOUT_BACKOFF_MAX_SECONDS={self.stockout_backoff_max_seconds} must be >= "
+                f"STOCKOUT_BACKOFF_SECONDS={self.stockout_backoff_seconds}"
             )
         for name in ("create_concurrency", "request_deadline_seconds", "kube_list_page_size"):
             if getattr(self, name) < 1:

@@ -27,7 +27,7 @@ from shared.core.errors import (
     TransientError,
 )
 from shared.core.settings import Settings
-from shared.provisioning import slots
+from shared.provisioning import backoff, slots
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
 from shared.provisioning.requests import (
@@ -85,13 +85,16 @@ class Provisioner:
         kube: KubeAPI,
         known_pool_ttl: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently."""
+        """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently;
+        ``wall_clock`` (Unix seconds) times the stockout backoff."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
         self.known_pools = KnownPools(known_pool_ttl, clock)
         self._clock = clock
+        self.backoff = backoff.Backoff(settings, kube, wall_clock)
         self._cluster: ClusterInfo | None = None
         # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
         self.operation_limit: int | None = settings.gke_operation_limit or None
@@ -179,15 +182,8 @@ class Provisioner:
             else:
                 self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
-                why += "; reconcile recycles failed pools"
-                # The JobSet hears about it now, not at the next reconcile (aggregated: one Event).
-                self.kube.record_event(
-                    jobset_ref(request),
-                    labels.REASON_FAILED,
-                    f"node pool {spec.name} for {slice_desc} failed to provision: "
-                    f"{existing.status_message or 'status ERROR'}; it is recycled by the next reconcile",
-                    warning=True,
-                )
+                why += "; reconcile recycles it once its stockout backoff is over"
+                self._report_failed(request, existing)
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled or not group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
@@ -205,10 +201,14 @@ class Provisioner:
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
+        held = self._backing_off(jobset)
+        if existing is None and spec.name in held:
+            return self._done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
         wanted: list[Create] = [] if existing is not None else [Create(request, spec, slice_desc)]
+        # Slices backing off after a stockout or quota failure wait too (reconcile retries them).
         for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
             if index == request.slice_id.job_index:
                 continue
@@ -217,6 +217,8 @@ class Provisioner:
             )
             sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
             if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
+                continue
+            if sibling_spec.name in held:
                 continue
             wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:
@@ -285,7 +287,7 @@ class Provisioner:
                 failures.append(error)
                 self._learn_limit(error)
                 continue
-            outcomes[item.spec.name] = self._created(pod, item, shape, pools, error)
+            outcomes[item.spec.name] = self._created(pod, item, shape, pools, error, jobset)
         created = [
             i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
         ]
@@ -306,6 +308,7 @@ class Provisioner:
         shape: catalog.SliceShape,
         pools: list[NodePoolInfo],
         error: Exception | None,
+        jobset: dict[str, Any],
     ) -> Outcome:
         """Record what GKE answered to one create (None: accepted); the listing is updated with it."""
         spec, slice_desc = item.spec, item.slice_desc
@@ -313,6 +316,11 @@ class Provisioner:
             self.known_pools.remember(spec.name)
             why = f"pool {spec.name} already exists (409)"
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+        if isinstance(error, RejectedError) and backoff.is_quota_error(error.why):
+            # Out of quota is a scarce resource like a stockout: the slice backs off the same way.
+            failure = self.backoff.observe(jobset, spec.name, error.why, pool_made=False)
+            why = f"GKE refused pool {spec.name} for quota (attempt {failure.attempts}): {error.why}"
+            return self._done(Outcome(FAILED, why, spec.name, slice_desc), logging.WARNING)
         if isinstance(error, RejectedError):
             self.kube.record_event(
                 pod_ref(pod),
@@ -375,6 +383,28 @@ class Provisioner:
         return slots.resume(self)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _report_failed(self, request: SliceRequest, pool: NodePoolInfo) -> None:
+        """Tell the JobSet now (not at the next sweep) that GKE could not provision its slice, with
+        the attempt and when it is retried; the first sighting of an attempt records it."""
+        try:
+            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
+        except NotFoundError:
+            return  # reconcile deletes the pools of a JobSet that is gone
+        self.backoff.observe(jobset, pool.name, pool.status_message or "status ERROR")
+
+    def _backing_off(self, jobset: dict[str, Any]) -> dict[str, str]:
+        """Pools of this JobSet that must not be created yet, with why (their failure backoff runs)."""
+        now = self.backoff.clock()
+        held: dict[str, str] = {}
+        for name, failure in backoff.failures(jobset).items():
+            wait = backoff.retry_at(self.settings, failure) - now
+            if wait > 0:
+                held[name] = (
+                    f"pool {name} failed to provision (attempt {failure.attempts}); backing off, "
+                    f"retried in {backoff.describe(wait)}"
+                )
+        return held
 
     def _guardrail(self, request: SliceRequest, chips: int) -> str:
         s = self.settings

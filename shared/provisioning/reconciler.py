@@ -2,9 +2,10 @@
 
 Events can be lost, late or reordered; the sweep looks at what is (managed pools, JobSets, pending
 pods) and fixes what events missed: it releases pools whose JobSet is gone, over, replaced or
-suspended too long, recycles pools GKE failed to provision, and requests slices for pending pods
-that have none. Every release goes through ``Releaser.dispose``, so a pool some live JobSet runs on
-is adopted or kept, never deleted. It lifts cordons a crashed release left on pools it keeps, and
+suspended too long, recycles pools GKE failed to provision once their stockout backoff is over
+(``shared.provisioning.backoff``), and requests slices for pending pods that have none. Every
+release goes through ``Releaser.dispose``, so a pool some live JobSet runs on is adopted or kept,
+never deleted. It lifts cordons a crashed release left on pools it keeps, and
 never touches a pool without the product's marker.
 """
 
@@ -13,16 +14,19 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, Refused, TransientError
 from shared.core.settings import Settings
+from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
 from shared.provisioning.provisioner import Provisioner
-from shared.provisioning.releaser import Releaser, Verdict, is_managed, jobset_ref, judge
-from shared.tpu.nodepools import STATUS_ERROR, STATUS_STOPPING, NodePoolInfo
+from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
 
 log = logs.get("reconcile")
@@ -40,18 +44,24 @@ class Summary:
     kept: int = 0
     adopted: int = 0
     offered: int = 0
+    backing_off: int = 0  # failed pools kept in place until their stockout backoff is over
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
 class Reconciler:
     """One sweep over the cluster's managed pools, JobSets and pending JobSet pods."""
 
-    def __init__(self, settings: Settings, gke: NodePoolAPI, kube: KubeAPI) -> None:
+    def __init__(
+        self, settings: Settings, gke: NodePoolAPI, kube: KubeAPI, clock: Callable[[], float] = time.time
+    ) -> None:
+        """``clock``: wall-clock Unix seconds (tests pass a fake one to walk through a backoff)."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
+        self.clock = clock
         self.releaser = Releaser(settings, gke, kube)
-        self.provisioner = Provisioner(settings, gke, kube)
+        self.provisioner = Provisioner(settings, gke, kube, wall_clock=clock)
+        self.backoff = backoff.Backoff(settings, kube, clock)
 
     def sweep(self) -> Summary:
         """Run one sweep. Raises TransientError (after doing all it could) if part of it must be retried."""
@@ -60,24 +70,20 @@ class Reconciler:
         pools = [p for p in listing if is_managed(p)]
         summary.pools_seen = len(pools)
         all_jobsets = self.kube.list_jobsets()
-        jobsets: dict[tuple[str, str], dict[str, Any] | None] = {
+        jobsets: JobSets = {
             (js.get("metadata", {}).get("namespace", ""), js.get("metadata", {}).get("name", "")): js
             for js in all_jobsets
         }
-        now = datetime.datetime.now(tz=datetime.UTC)
+        now = datetime.datetime.fromtimestamp(self.clock(), tz=datetime.UTC)
 
         failed = [p for p in pools if p.status == STATUS_ERROR]
         healthy = [p for p in pools if p.status != STATUS_ERROR]
         verdicts = [(p, judge(p, jobsets.get(_key(p)), self.settings, now)) for p in healthy]
-        verdicts += [
-            (p, Verdict(True, f"GKE could not provision it: {p.status_message or 'status ERROR'}"))
-            for p in failed
-        ]
-        for pool in failed:  # the JobSet learns at once, whatever happens to the pool below
-            self._report_failed(pool, jobsets.get(_key(pool)))
+        verdicts += self._failed_verdicts(failed, jobsets, now, summary)
         outcome = self.releaser.dispose(verdicts, "reconcile sweep", jobsets, listing, all_jobsets)
         summary.errors.extend(outcome.retry)
         deleted_names = {p.name for p in outcome.deleted}
+        self._track_failures(failed, healthy, deleted_names, jobsets, summary)
         summary.deleted = len(outcome.deleted)
         summary.kept = len(outcome.kept)
         summary.adopted = len(outcome.adopted)
@@ -94,7 +100,7 @@ class Reconciler:
             "reconcile.summary",
             f"pools seen {summary.pools_seen}, deleted {summary.deleted}, healed {summary.healed}, "
             f"requested {summary.requested}, kept {summary.kept}, adopted {summary.adopted}, "
-            f"offered {summary.offered}",
+            f"offered {summary.offered}, backing off {summary.backing_off}",
             logging.WARNING if summary.errors else logging.INFO,
             pools_seen=summary.pools_seen,
             deleted=summary.deleted,
@@ -103,22 +109,78 @@ class Reconciler:
             kept=summary.kept,
             adopted=summary.adopted,
             offered=summary.offered,
+            backing_off=summary.backing_off,
             drain=self.settings.drain,
         )
         if summary.errors:
             raise TransientError("; ".join(summary.errors))
         return summary
 
-    def _report_failed(self, pool: NodePoolInfo, jobset: dict[str, Any] | None) -> None:
-        if jobset is None:
-            return
-        self.kube.record_event(
-            jobset_ref(jobset),
-            labels.REASON_FAILED,
-            f"node pool {pool.name} failed to provision: {pool.status_message or 'status ERROR'}; it is "
-            f"deleted (unless a workload runs on it) so the slice can be requested again",
-            warning=True,
-        )
+    def _failed_verdicts(
+        self, failed: list[NodePoolInfo], jobsets: JobSets, now: datetime.datetime, summary: Summary
+    ) -> list[tuple[NodePoolInfo, Verdict]]:
+        """Which pools GKE failed to provision go now: those nobody wants any more, and those whose
+        stockout backoff is over. The others stay (no nodes, no cost) and keep provision off them."""
+        verdicts: list[tuple[NodePoolInfo, Verdict]] = []
+        for pool in failed:
+            jobset = jobsets.get(_key(pool))
+            reason = pool.status_message or "status ERROR"
+            owner = judge(pool, jobset, self.settings, now)
+            if owner.delete or jobset is None:
+                verdicts.append((pool, Verdict(True, f"GKE could not provision it ({reason}); {owner.why}")))
+                continue
+            try:  # the JobSet learns at once (one Event per attempt), whatever happens to the pool
+                failure = self.backoff.observe(jobset, pool.name, reason)
+            except TransientError as exc:
+                summary.errors.append(exc.why)
+                continue
+            wait = backoff.retry_at(self.settings, failure) - self.clock()
+            if wait > 0:
+                summary.backing_off += 1
+                logs.decision(
+                    log,
+                    "reconcile.backing_off",
+                    f"pool {pool.name} failed (attempt {failure.attempts}); recycled in {wait:.0f}s",
+                    pool=pool.name,
+                    attempts=failure.attempts,
+                )
+                continue
+            why = f"GKE could not provision it ({reason}); attempt {failure.attempts} backed off"
+            verdicts.append((pool, Verdict(True, why)))
+        return verdicts
+
+    def _track_failures(
+        self,
+        failed: list[NodePoolInfo],
+        healthy: list[NodePoolInfo],
+        deleted: set[str],
+        jobsets: JobSets,
+        summary: Summary,
+    ) -> None:
+        """Keep each JobSet's failure record true: recycled pools make the next failure a new
+        attempt; a slice whose pool runs starts from scratch."""
+        recycled = _by_jobset(p for p in failed if p.name in deleted)
+        landed = _by_jobset(p for p in healthy if p.status == STATUS_RUNNING and p.name not in deleted)
+        for key, names in recycled.items():
+            jobset = jobsets.get(key)
+            if jobset is not None:
+                self._record(summary, self.backoff.recycled, jobset, names)
+        for key, names in landed.items():
+            jobset = jobsets.get(key)
+            if jobset is not None and set(names) & set(backoff.failures(jobset)):
+                self._record(summary, self.backoff.landed, jobset, names)
+
+    @staticmethod
+    def _record(
+        summary: Summary,
+        write: Callable[[dict[str, Any], list[str]], None],
+        jobset: dict[str, Any],
+        names: list[str],
+    ) -> None:
+        try:
+            write(jobset, names)
+        except TransientError as exc:
+            summary.errors.append(exc.why)
 
     def _lift_stale_cordons(
         self, pools: list[NodePoolInfo], deleted: set[str], now: datetime.datetime, summary: Summary
@@ -158,6 +220,13 @@ class Reconciler:
             requested += len(outcome.requested)
             known.update(outcome.requested)
         return requested
+
+
+def _by_jobset(pools: Iterable[NodePoolInfo]) -> dict[tuple[str, str], list[str]]:
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for pool in pools:
+        grouped.setdefault(_key(pool), []).append(pool.name)
+    return grouped
 
 
 def _key(pool: NodePoolInfo) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 
 log = logs.get("release")
 
-__all__ = ["Outcome", "Releaser", "Verdict", "idle_seconds", "is_managed", "judge", "owned_by"]
+__all__ = ["JobSets", "Outcome", "Releaser", "Verdict", "idle_seconds", "is_managed", "judge", "owned_by"]
 
 JobSets = dict[tuple[str, str], dict[str, Any] | None]
 

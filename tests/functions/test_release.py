@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sandbox.emulators.logging import entries as logentries
@@ -184,7 +186,25 @@ def test_reconcile_deletes_stockout_pool_and_reports_on_the_jobset(world):
     tick = {"data": "", "attributes": {}, "messageId": "tick-2", "publishTime": "2026-11-21T00:00:00Z"}
     assert reconcile.post_message(tick).status_code == 200
     world.gke.finish_operations()
-    assert world.pool_names() == []
+    # First sighting: the JobSet hears it at once; the pool stays (no nodes) while the backoff runs.
+    assert world.pool_names() == _pools
     failed = [e for e in world.kube.list("v1", "events", "team-a") if e.get("reason") == labels.REASON_FAILED]
     assert failed and "ZONE_RESOURCE_POOL_EXHAUSTED" in failed[0]["message"]
+    assert "attempt 1, retrying in 5 min" in failed[0]["message"]
     assert failed[0]["involvedObject"]["kind"] == "JobSet"
+    jobset = world.kube.get(JOBSET_API, "jobsets", "team-a", "s")
+    assert jobset is not None
+    record = json.loads(jobset["metadata"]["annotations"][labels.SLICE_FAILURES])
+    assert record[_pools[0]]["attempts"] == 1 and record[_pools[0]]["recycled"] is False
+
+    # The backoff is over (the record says the failure is older than it): the next sweep recycles.
+    record[_pools[0]]["failedAt"] -= 300
+    jobset["metadata"]["annotations"][labels.SLICE_FAILURES] = json.dumps(record)
+    world.kube.put(jobset)
+    tick = {**tick, "messageId": "tick-3"}
+    assert reconcile.post_message(tick).status_code == 200
+    world.gke.finish_operations()
+    assert world.pool_names() == []
+    jobset = world.kube.get(JOBSET_API, "jobsets", "team-a", "s")
+    assert jobset is not None
+    assert json.loads(jobset["metadata"]["annotations"][labels.SLICE_FAILURES])[_pools[0]]["recycled"] is True

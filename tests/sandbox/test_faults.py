@@ -7,6 +7,7 @@ recycled), every message eventually acknowledged, nothing left behind.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -89,6 +90,9 @@ def test_stockout_is_recycled_by_reconcile_and_requested_again(stack: Stack) -> 
         "the pool to fail with a stockout",
     )
     assert stack.jobset_state("default", "stock") == "Running"  # pods still pending
+    # The JobSet hears at once, with the attempt and its backoff (FAST: 2 s); reconcile recycles after.
+    stack.wait_for(lambda: events_about(stack, labels.REASON_FAILED, "stock"), 10, "the TPUSliceFailed Event")
+    time.sleep(2.5)
 
     stack.trigger_reconcile()
     assert wait_finished(stack, "stock", timeout=40) == "Completed"
@@ -96,6 +100,7 @@ def test_stockout_is_recycled_by_reconcile_and_requested_again(stack: Stack) -> 
 
     failed = events_about(stack, labels.REASON_FAILED, "stock")
     assert len(failed) == 1 and "does not have enough resources" in failed[0]["message"]
+    assert "attempt 1, retrying in 2 s" in failed[0]["message"]
     assert failed[0]["involvedObject"]["kind"] == "JobSet"
     assert_clean_run(stack, "stock", slices=1, creates_per_pool=2)  # the failed pool and its replacement
 

@@ -321,7 +321,8 @@ def test_reconcile_cleans_orphans_terminal_suspended_and_error_pools(gke, kube):
     broken = next(n for n, p in gke.pools[CLUSTER].items() if p.labels.get(labels.OWNER_NAME) == "broken")
     gke.mark(CLUSTER, broken, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity")
 
-    summary = Reconciler(SETTINGS, gke, kube).sweep()
+    # Without a stockout backoff the ERROR pool is recycled at the first sweep (the old behaviour).
+    summary = Reconciler(SETTINGS.with_overrides(stockout_backoff_seconds=0), gke, kube).sweep()
 
     owners = sorted(p.labels.get(labels.OWNER_NAME, "-") for p in gke.pools[CLUSTER].values())
     assert owners == ["-", "live", "young-susp"]

@@ -1,0 +1,259 @@
+"""Stockout and quota backoff: how often a slice GKE could not provision is tried again.
+
+A TPU stockout can last hours. Recycling the failed pool at every sweep would cost a create, a
+delete and an Event every few minutes for as long as it lasts, so each failed attempt of a slice
+waits longer before the next: ``STOCKOUT_BACKOFF_SECONDS`` doubled per attempt, capped at
+``STOCKOUT_BACKOFF_MAX_SECONDS``.
+
+The functions are stateless; the backoff is derived from one durable fact per slice, kept on the
+JobSet that wants it (annotation ``tpuprov.dev/slice-failures``)::
+
+    {"<pool>": {"attempts": K, "failedAt": <unix seconds>, "recycled": <bool>}}
+
+``attempts`` counts failed creates, ``failedAt`` is when the product first saw the latest one, and
+``recycled`` says whether that failure's pool is gone (reconcile deleted it, or the create was
+answered with a quota error and no pool was made): the next ERROR pool seen is then a new attempt.
+Until ``failedAt + backoff(attempts)`` reconcile keeps an ERROR pool in place (it has no nodes and
+costs nothing; provision sees it listed and creates nothing) and provision creates no missing pool.
+
+Why an annotation and not the Events' counts: the JobSet is read anyway before any create, so the
+gate costs no extra call; it survives the API server's Event TTL; writes are conditional on the
+resourceVersion, so two functions seeing the same failure count it once; and it is visible in
+``kubectl describe jobset``. The ``TPUSliceFailed`` Event of an attempt keeps one message (pool,
+GKE's reason, attempt, retry time), so repeated sightings aggregate into its ``count``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from shared.cloud.ports import KubeAPI
+from shared.core import labels, logs
+from shared.core.errors import ConflictError, NotFoundError, TransientError
+from shared.core.settings import Settings
+
+log = logs.get("backoff")
+
+# GKE answers a create beyond the project's resource quota with 403 "Insufficient regional quota to
+# satisfy request: resource ..."; a pool whose VMs hit a quota ends in ERROR with "Insufficient
+# quota to satisfy the request" or Compute's QUOTA_EXCEEDED. API rate limits ("Quota exceeded for
+# quota metric 'Write requests'") are 429s and never reach here: they are TransientErrors.
+_QUOTA = re.compile(r"insufficient (\w+ )?quota|QUOTA_EXCEEDED", re.IGNORECASE)
+
+_WRITE_ATTEMPTS = 3  # conditional writes retried after a conflict, each after a fresh read
+
+
+def is_quota_error(message: str) -> bool:
+    """Whether GKE's answer to a create says a resource quota (not an API rate limit) is used up."""
+    return bool(_QUOTA.search(message))
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The latest failed attempt of one slice, as recorded on its JobSet."""
+
+    attempts: int
+    failed_at: float  # Unix seconds
+    recycled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The annotation entry."""
+        return {"attempts": self.attempts, "failedAt": int(self.failed_at), "recycled": self.recycled}
+
+
+def delay(settings: Settings, attempts: int) -> int:
+    """Seconds to wait after failed attempt number ``attempts`` (1-based) before the next one."""
+    base, cap = settings.stockout_backoff_seconds, settings.stockout_backoff_max_seconds
+    if attempts < 1 or base == 0:
+        return 0
+    # Bounded exponent: past the cap the doubling no longer matters (and 2**big stays cheap).
+    return min(cap, base * 2 ** min(attempts - 1, 32))
+
+
+def retry_at(settings: Settings, failure: Failure) -> float:
+    """When the slice may be tried again."""
+    return failure.failed_at + delay(settings, failure.attempts)
+
+
+def failures(jobset: dict[str, Any] | None) -> dict[str, Failure]:
+    """The recorded failures of a JobSet's slices by pool name (malformed entries are ignored)."""
+    raw = ((jobset or {}).get("metadata") or {}).get("annotations", {}).get(labels.SLICE_FAILURES, "")
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}  # a hand-edited annotation must not block the JobSet: start counting afresh
+    found: dict[str, Failure] = {}
+    for pool, entry in data.items() if isinstance(data, dict) else ():
+        try:
+            found[str(pool)] = Failure(
+                int(entry["attempts"]), float(entry["failedAt"]), bool(entry.get("recycled", False))
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return found
+
+
+def waiting(settings: Settings, jobset: dict[str, Any] | None, pool: str, now: float) -> Failure | None:
+    """The failure ``pool`` still backs off from at ``now`` (None: it may be created or recycled)."""
+    failure = failures(jobset).get(pool)
+    return failure if failure is not None and now < retry_at(settings, failure) else None
+
+
+def describe(seconds: float) -> str:
+    """A short human duration: "45 s", "10 min", "1 h 30 min"."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def failed_message(settings: Settings, pool: str, reason: str, failure: Failure) -> str:
+    """The ``TPUSliceFailed`` Event of one attempt: what failed, why, and what happens next and when.
+
+    The same for every sighting of the attempt by any function (no "now", nothing only one caller
+    knows), so repeats aggregate into one Event whose count says how often it was seen.
+    """
+    wait = delay(settings, failure.attempts)
+    at = datetime.datetime.fromtimestamp(retry_at(settings, failure), tz=datetime.UTC)
+    what = f"node pool {pool}"
+    when = (
+        f"retrying in {describe(wait)} (not before {at:%H:%M:%S}Z)" if wait else "retrying at the next sweep"
+    )
+    return f"{what} could not be provisioned: {reason}; attempt {failure.attempts}, {when}"
+
+
+class Backoff:
+    """Records failed attempts on the JobSet (conditionally, once each) and reports them as Events."""
+
+    def __init__(self, settings: Settings, kube: KubeAPI, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.clock = clock
+
+    def observe(self, jobset: dict[str, Any], pool: str, reason: str, *, pool_made: bool = True) -> Failure:
+        """Record that ``pool`` failed (ERROR status; ``pool_made`` False: the create itself was
+        refused for quota) unless this failure is recorded already, and tell the JobSet.
+
+        A pool in ERROR is one attempt however often it is seen; a refused create is always a new one.
+        Raises TransientError when the JobSet kept changing under the write (redelivery retries).
+        """
+
+        def change(known: Failure | None) -> Failure | None:
+            if pool_made and known is not None and not known.recycled:
+                return None  # this ERROR pool's failure is counted already
+            attempts = (known.attempts if known else 0) + 1
+            return Failure(attempts, float(int(self.clock())), recycled=not pool_made)
+
+        failure = self._update(jobset, {pool: change}, f"{pool} failed to provision: {reason}")[pool]
+        if failure is None:  # unreachable: change() keeps only an existing entry
+            failure = Failure(1, self.clock(), recycled=not pool_made)
+        self.kube.record_event(
+            _jobset_ref(jobset),
+            labels.REASON_FAILED,
+            failed_message(self.settings, pool, reason, failure),
+            warning=True,
+        )
+        logs.decision(
+            log,
+            "backoff.failed",
+            f"pool {pool} failed (attempt {failure.attempts}): {reason}",
+            logging.WARNING,
+            pool=pool,
+            attempts=failure.attempts,
+            retry_in=round(retry_at(self.settings, failure) - self.clock()),
+        )
+        return failure
+
+    def recycled(self, jobset: dict[str, Any], pools: Iterable[str]) -> None:
+        """Note that these failed pools were deleted: the next failure of each is a new attempt."""
+
+        def mark(known: Failure | None) -> Failure | None:
+            return dataclasses.replace(known, recycled=True) if known and not known.recycled else None
+
+        self._update(jobset, dict.fromkeys(pools, mark), "failed pools recycled")
+
+    def landed(self, jobset: dict[str, Any], pools: Iterable[str]) -> None:
+        """Forget the failures of slices whose pool now runs: a later stockout starts from attempt 1."""
+        self._update(jobset, dict.fromkeys(pools, _forget), "slices provisioned after failures")
+
+    def _update(
+        self,
+        jobset: dict[str, Any],
+        changes: dict[str, Callable[[Failure | None], Failure | _Forget | None]],
+        why: str,
+    ) -> dict[str, Failure | None]:
+        """Apply ``changes`` (per pool: new entry, None = keep, FORGET = remove) with a conditional
+        write; after a conflict, read the JobSet again and decide again. Returns the entries after."""
+        meta = jobset.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        current = jobset
+        for _ in range(_WRITE_ATTEMPTS):
+            known = failures(current)
+            after: dict[str, Failure | None] = {}
+            dirty = False
+            for pool, change in changes.items():
+                new = change(known.get(pool))
+                if new is None:
+                    after[pool] = known.get(pool)
+                elif isinstance(new, _Forget):
+                    dirty |= pool in known
+                    known.pop(pool, None)
+                    after[pool] = None
+                else:
+                    known[pool], after[pool], dirty = new, new, True
+            if not dirty:
+                return after
+            value = json.dumps({p: f.to_json() for p, f in sorted(known.items())}, separators=(",", ":"))
+            version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            try:
+                self.kube.annotate_jobset(
+                    namespace, name, {labels.SLICE_FAILURES: value if known else None}, version, why
+                )
+                return after
+            except ConflictError:
+                try:
+                    current = self.kube.get_jobset(namespace, name)
+                except NotFoundError:
+                    return after  # the JobSet is gone, and its slices with it: nothing to back off
+            except NotFoundError:
+                return after
+        raise TransientError(f"JobSet {namespace}/{name} kept changing while recording: {why}")
+
+
+class _Forget:
+    """Marker of a change that removes the entry."""
+
+
+_FORGET = _Forget()
+
+
+def _forget(known: Failure | None) -> _Forget | None:
+    return _FORGET if known is not None else None
+
+
+def _jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}", "kind": "JobSet", **jobset}
+
+
+__all__ = [
+    "Backoff",
+    "Failure",
+    "delay",
+    "describe",
+    "failed_message",
+    "failures",
+    "is_quota_error",
+    "retry_at",
+    "waiting",
+]

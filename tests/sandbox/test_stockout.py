@@ -1,0 +1,86 @@
+"""End to end on the sandbox: a stockout that lasts is retried with backoff, and the JobSet lands
+when capacity returns.
+
+FAST backs off 2, 4, 8, 8... seconds. Reconcile is triggered far more often than that (every half
+second, as if the cron ran every few seconds), so without a backoff every sweep would recycle the
+pool and create it again.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox.stack.core import Stack
+from sandbox.testing.stack import (
+    FAST,
+    assert_clean_run,
+    create_requests,
+    events_about,
+    exclusive_tpu_jobset,
+    owned_pools,
+    submit,
+    wait_finished,
+    wait_released,
+)
+from shared.core import labels
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
+
+STOCKOUT_SECONDS = 16.0
+
+
+@pytest.fixture(autouse=True)
+def no_faults_left(stack: Stack) -> Iterator[None]:
+    yield
+    stack.gke.clear_faults()
+    stack.gke.set_op_delay(FAST.gke_op_delay)
+
+
+def _attempts(stack: Stack, name: str) -> dict[int, str]:
+    """Failed attempts the JobSet was told about: attempt number -> the wait it announced."""
+    found: dict[int, str] = {}
+    for event in events_about(stack, labels.REASON_FAILED, name):
+        match = re.search(r"attempt (\d+), retrying in (\d+ s)", str(event.get("message", "")))
+        if match and (event.get("involvedObject") or {}).get("kind") == "JobSet":
+            found[int(match.group(1))] = match.group(2)
+    return found
+
+
+def test_a_lasting_stockout_is_retried_with_backoff_and_the_jobset_lands_when_capacity_returns(
+    stack: Stack,
+) -> None:
+    stack.gke.stockout("ct6e-standard-4t", "GCE_STOCKOUT: ZONE_RESOURCE_POOL_EXHAUSTED", times=None)
+    submit(stack, exclusive_tpu_jobset("scarce", replicas=1, topology="2x2"))
+
+    most_pools = 0
+    end = time.monotonic() + STOCKOUT_SECONDS
+    while time.monotonic() < end:  # a cron much faster than the backoff
+        stack.trigger_reconcile()
+        most_pools = max(most_pools, len(owned_pools(stack, "scarce")))
+        time.sleep(0.5)
+    during = sum(create_requests(stack, "scarce").values())
+
+    # Waits of 2 + 4 + 8 s fit in the window: at most four attempts (and at least three were made),
+    # where recycling at every sweep would have made one per second or so.
+    assert 3 <= during <= 5, create_requests(stack, "scarce")
+    assert most_pools == 1  # one pool of the slice at a time, never a second one beside it
+    attempts = _attempts(stack, "scarce")
+    assert sorted(attempts) == list(range(1, len(attempts) + 1)) and len(attempts) >= 3
+    assert [attempts[k] for k in (1, 2, 3)] == ["2 s", "4 s", "8 s"]  # the backoff, in the Events
+    assert stack.jobset_state("default", "scarce") == "Running"  # still waiting for its slice
+
+    stack.gke.clear_faults()  # capacity returns
+    end = time.monotonic() + 30
+    while stack.jobset_state("default", "scarce") not in ("Completed", "Failed") and time.monotonic() < end:
+        stack.trigger_reconcile()
+        time.sleep(0.5)
+    assert wait_finished(stack, "scarce", timeout=5) == "Completed"
+    wait_released(stack, "scarce")
+    # Every create GKE accepted counts (each failed one and the one that landed), all for one pool.
+    total = sum(create_requests(stack, "scarce").values())
+    assert total <= during + 1
+    assert_clean_run(stack, "scarce", slices=1, creates_per_pool=total)
