@@ -9,7 +9,6 @@ and why), so the product only ever lifts its own cordons, never an operator's.
 from __future__ import annotations
 
 import datetime
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -123,8 +122,3 @@ def stale_cordons(kube: KubeAPI, keep: set[str], now: datetime.datetime) -> dict
         if pool in keep and cordoned_by_us(node) and cordon_age(node, now.timestamp()) > STALE_CORDON_SECONDS:
             found.setdefault(pool, []).append(node)
     return found
-
-
-def warn(event: str, why: str, **fields: Any) -> None:
-    """Log a guard decision at WARNING."""
-    logs.decision(log, event, why, logging.WARNING, **fields)
