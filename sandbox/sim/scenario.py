@@ -42,7 +42,7 @@ class SimConfig:
     slices: int
     op_limit: int
     op_minutes: float = 5.0
-    op_jitter: float = 0.0  # +- fraction of the duration, uniform
+    op_jitter: float = 0.2  # +- fraction of the duration, uniform (operations do not all take D)
     latency: float = 0.5  # seconds per GKE call
     # kube-scheduler retries an unschedulable pod at least every podMaxInUnschedulablePodsDuration
     # (5 minutes by default) and on cluster changes; each failed attempt is a FailedScheduling.

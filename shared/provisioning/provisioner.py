@@ -190,6 +190,11 @@ class Provisioner:
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
             # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
             # read below decides, not the pod's claim).
+        if self.free_slots(pools) == 0:
+            # Every operation slot is taken: nothing could be sent. Acknowledge cheaply (no JobSet read)
+            # and let the next finished operation resume the group.
+            why = f"waiting for a GKE operation slot (all {self.operation_limit} in use)"
+            return self._done(Outcome(WAITING, why, spec.name, slice_desc))
         # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
         # once per slice group, not per event.
         try:

@@ -20,11 +20,11 @@ from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import NotEligible, Refused, TransientError
+from shared.core.errors import NotEligible, OperationLimitError, Refused, TransientError
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
-from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.provisioner import WAITING, Provisioner
 from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
@@ -214,12 +214,25 @@ class Reconciler:
             seen.add(name)
             try:
                 outcome = self.provisioner.provision_pod(pod, pools=list(pools))
+            except OperationLimitError as exc:
+                # GKE has no operation slot left: every further group would only collect a 429. The
+                # finished operations' audit entries resume the waiting slices.
+                logs.decision(log, "reconcile.waiting", f"stopped requesting: {exc.why}")
+                break
             except TransientError as exc:
                 summary.errors.append(exc.why)
                 continue
             requested += len(outcome.requested)
             known.update(outcome.requested)
+            pools = pools + [_provisioning(name) for name in outcome.requested]
+            if outcome.result == WAITING:
+                break  # every slot is taken (and counted): the rest waits for a finished operation
         return requested
+
+
+def _provisioning(name: str) -> NodePoolInfo:
+    # A pool this sweep just requested, as the next listing would show it (it holds an operation slot).
+    return NodePoolInfo(name=name, status="PROVISIONING")
 
 
 def _by_jobset(pools: Iterable[NodePoolInfo]) -> dict[tuple[str, str], list[str]]:

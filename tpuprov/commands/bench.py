@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cluster-pools", type=int, default=300, help="reconcile at scale: managed pools (<= JobSets)"
     )
     parser.add_argument("--skip-cold-start", action="store_true", help="skip the (slowest) cold-start part")
+    parser.add_argument("--skip-simulation", action="store_true", help="skip the virtual-time waves part")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the function processes' logs here")
     parser.set_defaults(func=run)
 
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             pending_pods=min(100, args.cluster_pools),
         ),
         cold_start=not args.skip_cold_start,
+        simulation=not args.skip_simulation,
         log_dir=args.log_dir,
     )
     try:
