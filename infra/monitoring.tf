@@ -14,9 +14,7 @@
 # * no chips total of the managed pools: chips come from each create request's `why`, and the
 #   managed-pool count from reconcile.summary's `pools_seen`;
 # * no delay between a pod's pending event and its pool's create: nothing carries the event's
-#   timestamp to the decision line, so the dashboard has no pending-to-create latency;
-# * "release.handed_over" is not written yet (upcoming work hands pools over instead of deleting
-#   them); pools_handed_over is defined on that event name so the dashboard is ready for it.
+#   timestamp to the decision line, so the dashboard has no pending-to-create latency.
 
 locals {
   # Log lines of this deployment's services only ("<prefix>-<function>"), as Cloud Run stores them.
@@ -65,11 +63,10 @@ locals {
       value_extractor = ""
       labels          = {}
     }
-    # Not written yet: upcoming work hands a finished JobSet's pools over to a waiting one instead of
-    # deleting them and will log "release.handed_over". Until then this metric stays at zero.
+    # A pool a live JobSet runs on is adopted by it (relabelled) instead of deleted under it.
     pools_handed_over = {
-      description     = "Node pools handed over to another JobSet instead of deleted (release.handed_over)."
-      filter          = "jsonPayload.event=\"release.handed_over\""
+      description     = "Node pools handed over to the JobSet running on them instead of deleted (release.adopted)."
+      filter          = "jsonPayload.event=\"release.adopted\""
       value_type      = "INT64"
       value_extractor = ""
       labels          = {}

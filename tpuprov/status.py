@@ -72,6 +72,7 @@ class PoolRow:
     cost_so_far: float | None
     leak: bool
     message: str = ""
+    handed_over_from: str = ""  # the former owner's name when the pool was adopted instead of deleted
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-safe dict (the ``-o json`` shape, one object per pool)."""
@@ -192,6 +193,7 @@ def pool_rows(
                 cost_so_far=None if hourly is None or age is None else round(hourly * age / 3600, 2),
                 leak=state in ("gone", "completed", "failed", "deleting", "recreated") and not on_it,
                 message=pool.status_message,
+                handed_over_from=pool.labels.get(labels.HANDED_OVER_FROM, ""),
             )
         )
     return sorted(rows, key=lambda r: (r.owner, r.name))
@@ -247,7 +249,7 @@ def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
     body = [
         (
             r.name + (" (leak)" if r.leak else ""),
-            r.owner,
+            r.owner + (f" (from {r.handed_over_from})" if r.handed_over_from else ""),
             r.owner_state,
             r.state,
             f"{r.machine_type} x {r.nodes}",
@@ -273,7 +275,7 @@ def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
             "",
             "",
             "",
-            f"{sums['leaks']} leaks",
+            f"{sums['leaks']} leak" + ("" if sums["leaks"] == 1 else "s"),
             _money(sums["cost_per_hour"], prices.currency),
             _money(sums["cost_so_far"], prices.currency),
         )

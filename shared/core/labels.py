@@ -45,6 +45,8 @@ OWNER_JOB_INDEX = f"{PRODUCT_DOMAIN}/job-index"
 # Node label (on an idle pool whose owner is gone): when it became idle, in Unix seconds. The
 # handover window of an idle pool is measured from it when no owner condition says when it ended.
 IDLE_SINCE = f"{PRODUCT_DOMAIN}/idle-since"
+# Set on a pool adopted by the JobSet that runs on it (its former owner's name, as a label value).
+HANDED_OVER_FROM = f"{PRODUCT_DOMAIN}/handed-over-from"
 # Node annotation set while the product cordons a node before deleting its pool: says who and why,
 # and lets the product lift only its own cordons (never an operator's).
 CORDONED = f"{PRODUCT_DOMAIN}/cordoned"

@@ -186,6 +186,9 @@ def occupants(
 def adopted_labels(pool: NodePoolInfo, occupant: Occupant) -> dict[str, str]:
     """The pool's node labels once ``occupant`` owns it (copied selectors kept, idle stamp dropped)."""
     new = {k: v for k, v in pool.labels.items() if k != labels.IDLE_SINCE}
+    former = pool.labels.get(labels.OWNER_NAME, "")
+    if former and (former, pool.labels.get(labels.OWNER_UID, "")) != (occupant.name, occupant.uid):
+        new[labels.HANDED_OVER_FROM] = former  # a JobSet name is a valid label value (DNS-1123, <= 63)
     new.update(
         {
             labels.MANAGED_BY: labels.MANAGED_BY_VALUE,

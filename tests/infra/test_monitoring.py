@@ -36,9 +36,7 @@ SERVICES = {name: f"{PREFIX}-{name.replace('_', '-')}" for name in WIRING}
 DEAD_LETTER_SUBSCRIPTIONS = {f"{PREFIX}-{topic}-dead-letter-pull" for _, topic in WIRING.values()}
 
 # Events a metric may name before the code writes them, with the work that will write them.
-ANNOUNCED_EVENTS = {
-    "release.handed_over": "hand-over of a finished JobSet's pools to a waiting one (issue 14)",
-}
+ANNOUNCED_EVENTS: dict[str, str] = {}
 # Keys Cloud Logging lifts out of a structured line into the LogEntry itself (they are not
 # jsonPayload fields): https://cloud.google.com/logging/docs/structured-logging
 LIFTED_KEYS = {"severity", "time", "timestamp"}
@@ -590,7 +588,7 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
         ),
         {},
     ),
-    ("pools_handed_over", Line("release", "release.handed_over", "handed over", POOL), {}),
+    ("pools_handed_over", Line("release", "release.adopted", "adopted by team-a/next", POOL), {}),
     (
         "provision_refusals",
         Line(
@@ -1069,5 +1067,5 @@ def test_readme_documents_every_metric_alert_and_the_delivery_option() -> None:
     for name in ALERTS:
         title = module().resource("google_monitoring_alert_policy", name)["display_name"].split(": ", 1)[1]
         assert title in section, title
-    assert "release.handed_over" in section
+    assert "release.adopted" in section
     assert 'delivery = "eventarc"' in readme and "gcloud pubsub subscriptions update" in readme

@@ -242,6 +242,7 @@ def test_adopted_labels_move_ownership_and_keep_selectors() -> None:
         labels.OWNER_UID: "u-b",
         labels.OWNER_REPLICATED_JOB: "workers",
         labels.OWNER_JOB_INDEX: "3",
+        labels.HANDED_OVER_FROM: POOL.labels[labels.OWNER_NAME],  # `tpuprov status` shows where it came from
         "team": "ml",
     }
 
