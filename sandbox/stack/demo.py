@@ -10,13 +10,15 @@ JobSets completed, every pool the product created is gone and the CPU JobSet got
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from contextlib import AbstractContextManager
+from typing import Any, TextIO
 
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
@@ -165,11 +167,24 @@ def _kueue(stack: Stack, options: DemoOptions, started: float, out: TextIO) -> i
     return 0
 
 
-def run_up(config: StackConfig | None = None, quiet: bool = False, out: TextIO = sys.stdout) -> int:
-    """Start the stack, print how to use it, and keep it running until Ctrl-C (or SIGTERM)."""
+def run_up(
+    config: StackConfig | None = None,
+    quiet: bool = False,
+    out: TextIO = sys.stdout,
+    step: Callable[[str], AbstractContextManager[Any]] | None = None,
+) -> int:
+    """Start the stack, print how to use it, and keep it running until Ctrl-C (or SIGTERM).
+
+    ``step(what)`` (the CLI's progress line) wraps the start, which takes seconds (the Java emulator).
+    """
     stack = Stack(config or StackConfig())
     try:
-        stack.start()
+        with (
+            step("Starting the sandbox (Pub/Sub emulator, GKE and Kubernetes APIs, functions)")
+            if step
+            else (contextlib.nullcontext())
+        ):
+            stack.start()
         print("tpuprov sandbox is up. In another shell:", file=out)
         for key, value in stack.env().items():
             print(f"  export {key}={shlex.quote(value)}", file=out)

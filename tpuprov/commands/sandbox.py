@@ -56,7 +56,10 @@ def run(args: Any) -> int:
 
     if args.sandbox_command == "up":
         # Every function, so that `tpuprov publish setup|kueue` work against it as well.
-        return run_up(StackConfig(gke_op_delay=args.gke_op_delay, functions=ALL_FUNCTIONS), quiet=args.quiet)
+        from tpuprov.progress import Progress
+
+        config = StackConfig(gke_op_delay=args.gke_op_delay, functions=ALL_FUNCTIONS)
+        return run_up(config, quiet=args.quiet, step=Progress().step)
     if args.slices < 1:
         print("tpuprov demo: --slices must be at least 1")
         return 2
