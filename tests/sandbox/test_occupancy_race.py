@@ -117,16 +117,14 @@ def test_a_pod_decided_before_the_cordon_and_bound_after_it_is_not_killed(
     assert stack.wait_for(lambda: _assumed(stack, "race-b-"), 10, "the scheduler's decision") == node
     stack.trigger_reconcile()  # the safety net finds race-a over: its pool is up for deletion
 
-    stack.wait_for(
-        lambda: events_about(stack, labels.REASON_ADOPTED, "race-b"), 3 * SETTLE, "race-b to adopt the pool"
-    )
+    state = wait_finished(stack, "race-b", 30)
+    assert pods_killed(stack, "race-a", "race-b") == [], "the pool was deleted under race-b"
+    assert state == "Completed"
     bound = next(t for pod, t in moments.bound.items() if pod.startswith("race-b-"))
     # The interleaving under test really happened: decided, then cordoned, then bound.
     assert node in moments.cordoned and moments.cordoned[node] < bound, (moments.cordoned, bound)
-    assert wait_finished(stack, "race-b", 30) == "Completed"
     wait_released(stack, "race-b", 20)
 
-    assert pods_killed(stack, "race-a", "race-b") == []
     assert restarts(stack, "race-b") == 0
     assert successful_creates(stack, "race-b") == {}  # it ran on race-a's pool all along
     (adopted,) = events_about(stack, labels.REASON_ADOPTED, "race-b")
@@ -139,17 +137,24 @@ def test_a_pod_decided_before_the_cordon_and_bound_after_it_is_not_killed(
 def test_a_pod_arriving_after_the_cordon_gets_its_own_pool(stack: Stack, moments: Moments) -> None:
     pool = _finished_owner(stack, "late-a")
     node = f"gke-sandbox-{pool}-0"
+    lists = sum(1 for call in stack.gke.calls if call.method == "list")
     stack.trigger_reconcile()
-    stack.wait_for(lambda: node in moments.cordoned, 10, "the release to cordon the pool")
-    # Decided during the settle wait and bound after the last check, were the node not cordoned.
+    stack.wait_for(
+        lambda: sum(1 for call in stack.gke.calls if call.method == "list") > lists, 10, "the sweep to start"
+    )
+    # Inside the settle wait: a pod decided now would be bound after the last check, were the
+    # node schedulable; the cordon (made right after the sweep's first reads) keeps it off.
     time.sleep(1.5)
+    submitted = time.monotonic()
     submit(stack, exclusive_tpu_jobset("late-b", replicas=1, topology="2x2", run_seconds=1))
 
-    assert wait_finished(stack, "late-b", 40) == "Completed"
+    state = wait_finished(stack, "late-b", 40)
+    assert pods_killed(stack, "late-a", "late-b") == [], "the pool was deleted under late-b"
+    assert state == "Completed"
+    assert moments.cordoned.get(node, submitted) < submitted, "the node was not cordoned in time"
     wait_released(stack, "late-b", 20)
     stack.wait_for(lambda: not stack.managed_pools(), 20, "every pool to go")
 
-    assert pods_killed(stack, "late-a", "late-b") == []
     assert restarts(stack, "late-b") == 0
     assert len(successful_creates(stack, "late-b")) == 1  # the cordoned pool was not an option
     assert events_about(stack, labels.REASON_ADOPTED, "late-b") == []
