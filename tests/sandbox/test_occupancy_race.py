@@ -113,11 +113,13 @@ def test_a_pod_decided_before_the_cordon_and_bound_after_it_is_not_killed(
     pool = _finished_owner(stack, "race-a")
     node = f"gke-sandbox-{pool}-0"
 
-    submit(stack, exclusive_tpu_jobset("race-b", replicas=1, topology="2x2", run_seconds=2))
+    # It still runs at the last check: bound at most BIND_DELAY after the cordon, checked SETTLE after.
+    run_seconds = BIND_DELAY + SETTLE
+    submit(stack, exclusive_tpu_jobset("race-b", replicas=1, topology="2x2", run_seconds=run_seconds))
     assert stack.wait_for(lambda: _assumed(stack, "race-b-"), 10, "the scheduler's decision") == node
     stack.trigger_reconcile()  # the safety net finds race-a over: its pool is up for deletion
 
-    state = wait_finished(stack, "race-b", 30)
+    state = wait_finished(stack, "race-b", 40)
     assert pods_killed(stack, "race-a", "race-b") == [], "the pool was deleted under race-b"
     assert state == "Completed"
     bound = next(t for pod, t in moments.bound.items() if pod.startswith("race-b-"))
