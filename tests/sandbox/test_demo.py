@@ -1,8 +1,9 @@
 """The README's first command, and the promise that the sandbox leaves no process behind.
 
-``tpuprov demo`` (the Kueue multislice flow; ``--scenario basic`` the smallest one) and ``tpuprov sandbox up`` run as real subprocesses, exactly as a person runs
-them; the tests read what they print and check through /proc that every child they started is
-gone after they exit, also when they are interrupted.
+``tpuprov demo`` (the Kueue multislice flow; ``--scenario basic`` the smallest one) and
+``tpuprov sandbox up`` run as real subprocesses, exactly as a person runs them; the tests read what
+they print and check through /proc that every child they started is gone after they exit, also when
+they are interrupted.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``sandbox {up,demo}`` to the ``tpuprov`` parser."""
     demo = subparsers.add_parser(
         "demo",
-        help="run the whole event loop locally: Kueue-queued multislice JobSets, pending pods to deleted pools",
+        help="run the whole event loop locally: queued multislice JobSets, pending pods to deleted pools",
         description="Start the local sandbox, run the Kueue multislice flow (or --scenario basic: a TPU and "
         "a CPU JobSet) through it, print the timeline.",
     )
