@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lint typecheck test unit demo demo-kueue sandbox-up bench clean
+.PHONY: install lint typecheck test unit demo demo-basic sandbox-up bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
@@ -37,13 +37,13 @@ test: lint typecheck $(CHECKOV)
 unit: install
 	$(BIN)/pytest -m "not integration"
 
-# The README's "run it" command.
+# The README's "run it" command: the Kueue multislice tutorial flow.
 demo: install
 	$(BIN)/tpuprov demo
 
-# The Kueue multislice tutorial flow (planned to become the default scenario).
-demo-kueue: install
-	$(BIN)/tpuprov demo --scenario kueue
+# One TPU and one CPU JobSet, no Kueue.
+demo-basic: install
+	$(BIN)/tpuprov demo --scenario basic
 
 bench: install
 	$(BIN)/tpuprov bench

@@ -1,11 +1,12 @@
 """``tpuprov demo`` and ``tpuprov sandbox up``: the product end to end on this machine.
 
-The demo starts the sandbox stack, submits a two-slice TPU JobSet and a CPU-only JobSet, prints the
-timeline as it happens (pods pending, events routed, function calls, pools requested, nodes ready,
-pods running, JobSet completed, pools deleted) and ends with a summary. It exits 0 only when both
-JobSets completed, every pool the product created is gone and the CPU JobSet got none.
+By default the demo runs GKE's Kueue multislice flow (``sandbox.stack.demo_kueue``): queued JobSets
+admitted by the simulated Kueue, pools handed over between them, none left at the end.
 
-``--scenario kueue`` runs the Kueue multislice flow instead (``sandbox.stack.demo_kueue``).
+``--scenario basic`` starts the sandbox stack, submits a two-slice TPU JobSet and a CPU-only JobSet,
+prints the timeline as it happens (pods pending, events routed, function calls, pools requested,
+nodes ready, pods running, JobSet completed, pools deleted) and ends with a summary. It exits 0 only
+when both JobSets completed, every pool the product created is gone and the CPU JobSet got none.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _ROUTINE_EVENTS = (".exists:", ".ignored:", ".nothing:", "gke.")
 
 @dataclasses.dataclass(frozen=True)
 class DemoOptions:
-    """What the demo runs: the slice shape and how long things take."""
+    """What the demo runs: the scenario, the basic scenario's slice shape and how long things take."""
 
     topology: str = "2x2"  # v6e 2x2 is one VM per slice; 4x4 is four
     slices: int = 2
@@ -44,7 +45,7 @@ class DemoOptions:
     timeout: float = 60.0
     verbose: bool = False
     width: int = 160
-    scenario: str = "basic"  # or "kueue"
+    scenario: str = "kueue"  # or "basic"
 
 
 def is_routine(entry: TimelineEntry) -> bool:

@@ -8,6 +8,7 @@ product's Events recorded in the Kubernetes API.
 from __future__ import annotations
 
 import copy
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -192,3 +193,88 @@ def assert_clean_run(
         if word.startswith("tpu-")
     }
     assert released_pools == set(created), f"released {released_pools}, created {set(created)}"
+
+
+def pods_killed(stack: Stack, *names: str, namespace: str = "default") -> list[str]:
+    """Pods of the named JobSets that a pool deletion killed (``SimContext.pods_killed``)."""
+    prefixes = tuple(f"{namespace}/{name}-" for name in names)
+    return [pod for pod in stack.ctx.pods_killed if pod.startswith(prefixes)]
+
+
+def restarts(stack: Stack, name: str, namespace: str = "default") -> int:
+    """The JobSet's ``status.restarts`` (how many times its failurePolicy restarted it)."""
+    jobset = stack.jobset(namespace, name) or {}
+    return int((jobset.get("status") or {}).get("restarts") or 0)
+
+
+def gke_requests(stack: Stack, method: str, pool: str) -> int:
+    """How many ``method`` (create/delete) requests GKE received for node pool ``pool``."""
+    count = 0
+    for call in stack.gke.calls:
+        if call.method != method:
+            continue
+        if method == "create":
+            named = next((p.split("=", 1)[1] for p in call.summary.split() if p.startswith("name=")), "")
+        else:
+            named = call.path.rstrip("/").rsplit("/", 1)[-1]
+        count += named == pool
+    return count
+
+
+SLICE_LABELS = (
+    labels.OWNER_NAMESPACE,
+    labels.OWNER_NAME,
+    labels.OWNER_UID,
+    labels.OWNER_REPLICATED_JOB,
+    labels.OWNER_JOB_INDEX,
+)
+
+
+class PoolWatch:
+    """Samples the GKE emulator's managed pools in the background while a scenario runs.
+
+    A slice is what the ownership labels name (JobSet namespace, name, uid, replicated job, index);
+    ``crowded`` lists every sample where more than one pool carried the same slice's labels (a slice
+    paid for twice). Creates and deletes take ``gke_op_delay`` each, so a 50 ms period cannot miss a
+    real overlap.
+    """
+
+    def __init__(self, stack: Stack, interval: float = 0.05) -> None:
+        self.stack = stack
+        self.interval = interval
+        self.crowded: list[dict[str, list[str]]] = []
+        self.owners: dict[str, list[tuple[str, ...]]] = {}  # pool -> the slices it carried, in order
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pool-watch", daemon=True)
+
+    def __enter__(self) -> PoolWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Record one look at the pools."""
+        by_slice: dict[tuple[str, ...], list[str]] = {}
+        for pool in self.stack.managed_pools():
+            pool_labels = (pool.get("config") or {}).get("labels") or {}
+            key = tuple(str(pool_labels.get(k, "")) for k in SLICE_LABELS)
+            name = str(pool.get("name"))
+            by_slice.setdefault(key, []).append(name)
+            seen = self.owners.setdefault(name, [])
+            if not seen or seen[-1] != key:
+                seen.append(key)
+        crowded = {"/".join(key): names for key, names in by_slice.items() if len(names) > 1}
+        if crowded:
+            self.crowded.append(crowded)
+
+    def carried_by(self, pool: str) -> list[str]:
+        """The JobSet names that owned ``pool`` over the run, in order."""
+        return [key[1] for key in self.owners.get(pool, [])]

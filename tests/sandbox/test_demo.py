@@ -1,8 +1,9 @@
 """The README's first command, and the promise that the sandbox leaves no process behind.
 
-``tpuprov demo`` and ``tpuprov sandbox up`` run as real subprocesses, exactly as a person runs
-them; the tests read what they print and check through /proc that every child they started is
-gone after they exit, also when they are interrupted.
+``tpuprov demo`` (the Kueue multislice flow; ``--scenario basic`` the smallest one) and
+``tpuprov sandbox up`` run as real subprocesses, exactly as a person runs them; the tests read what
+they print and check through /proc that every child they started is gone after they exit, also when
+they are interrupted.
 """
 
 from __future__ import annotations
@@ -57,28 +58,69 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "tpuprov", *args]
 
 
-def test_demo_runs_the_whole_loop_and_cleans_up() -> None:
+def _run_demo(*args: str) -> str:
     started = time.monotonic()
-    result = subprocess.run(_cli("demo"), cwd=REPO, capture_output=True, text=True, timeout=150, check=False)
+    result = subprocess.run(
+        _cli("demo", *args), cwd=REPO, capture_output=True, text=True, timeout=150, check=False
+    )
     took = time.monotonic() - started
-    out = result.stdout
-
-    assert result.returncode == 0, out + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     assert took < 60, f"the demo took {took:.0f}s"
-    # The story a person follows; each step is caused by the one before, so the order is fixed.
-    story = [
-        "submitted JobSet default/demo-train",
-        "FailedScheduling on Pod default/demo-train-",
-        "provision.created",
-        "RUNNING: 1 node(s) Ready 2x2",
-        "bound to gke-sandbox-tpu-demo-train-",
-        "JobSet default/demo-train Completed",
-        "release.deleted",
-        "deleted: 1 node(s) removed",
-    ]
+    return result.stdout
+
+
+def _in_order(out: str, story: list[str]) -> None:
+    """Each step is caused by the one before, so the lines appear in this order."""
     positions = [out.find(step) for step in story]
     assert -1 not in positions, [s for s, p in zip(story, positions, strict=True) if p == -1]
     assert positions == sorted(positions), out
+
+
+def test_demo_runs_the_kueue_multislice_flow_by_default_and_cleans_up() -> None:
+    out = _run_demo()
+
+    _in_order(
+        out,
+        [
+            "applied the Kueue configuration",
+            "submitted JobSet default/multislice-3",
+            "multislice-3 unsuspended",
+            "FailedScheduling on Pod default/multislice-3-",
+            "provision.created: default/multislice-3",
+            "bound to gke-sandbox-tpu-multislice-3-",
+            "JobSet default/multislice-3 Completed",
+            "JobSet default/multislice-2 unsuspended",
+            "multislice-2-slice-0-0-r0 bound to gke-sandbox-tpu-multislice-3-",  # lands on its pools
+            "release.adopted",
+            "release.deleted",
+            "deleted: 2 node(s) removed",
+        ],
+    )
+    assert "pending: couldn't assign flavors" in out  # the queue is full while multislice-3 runs
+    assert "TPUSliceReleased on JobSet default/multislice-3: handed node pool" in out
+    assert "JobSets:        multislice-3 Completed, multislice-1 Completed, multislice-2 Completed" in out
+    assert re.search(r"node pools:     created 3, handed over [1-3], deleted 3, leaked 0", out), out
+    assert "pods killed by a pool deletion: 0" in out
+    assert "result:         OK" in out
+    assert _wait_gone(_pids(out)) == []
+
+
+def test_basic_demo_runs_the_whole_loop_and_cleans_up() -> None:
+    out = _run_demo("--scenario", "basic")
+
+    _in_order(
+        out,
+        [
+            "submitted JobSet default/demo-train",
+            "FailedScheduling on Pod default/demo-train-",
+            "provision.created",
+            "RUNNING: 1 node(s) Ready 2x2",
+            "bound to gke-sandbox-tpu-demo-train-",
+            "JobSet default/demo-train Completed",
+            "release.deleted",
+            "deleted: 1 node(s) removed",
+        ],
+    )
     assert "TPUSliceRequested on Pod default/demo-train-" in out
     assert "AllJobsCompleted on JobSet default/demo-train -> tpuprov-jobset-lifecycle" in out
     assert "node pools:     created 2, deleted 2, leaked 0" in out

@@ -14,17 +14,19 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topology",
         default="2x2",
-        help="v6e slice topology of the demo JobSet: 2x2 (1 VM per slice, default) or 4x4 (4 VMs)",
+        help="basic scenario: v6e slice topology of the TPU JobSet: 2x2 (1 VM per slice, default) or 4x4",
     )
-    parser.add_argument("--slices", type=int, default=2, help="number of TPU slices (default 2)")
+    parser.add_argument(
+        "--slices", type=int, default=2, help="basic scenario: number of TPU slices (default 2)"
+    )
     parser.add_argument("--run-seconds", type=float, default=3.0, help="how long each pod runs (default 3)")
     parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
     parser.add_argument(
         "--scenario",
         choices=("basic", "kueue"),
-        default="basic",
-        help="basic: a TPU and a CPU JobSet (default); kueue: the Kueue multislice tutorial "
-        "(24 v5e chips of quota, JobSets of 3, 1 and 2 v5e 2x4 slices)",
+        default="kueue",
+        help="kueue: the Kueue multislice tutorial (24 v5e chips of quota, JobSets of 3, 1 and 2 v5e 2x4 "
+        "slices; default); basic: a TPU and a CPU JobSet, no Kueue",
     )
     parser.add_argument(
         "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"
@@ -36,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``demo`` and ``sandbox {up,demo}`` to the ``tpuprov`` parser."""
     demo = subparsers.add_parser(
         "demo",
-        help="run the whole event loop locally: a 2-slice TPU JobSet from pending pods to deleted pools",
-        description="Start the local sandbox, run a TPU and a CPU JobSet through it, print the timeline.",
+        help="run the whole event loop locally: queued multislice JobSets, pending pods to deleted pools",
+        description="Start the local sandbox, run the Kueue multislice flow (or --scenario basic: a TPU and "
+        "a CPU JobSet) through it, print the timeline.",
     )
     _demo_arguments(demo)
     sandbox = subparsers.add_parser("sandbox", help="the local sandbox: keep it running, or run the demo")

@@ -25,11 +25,16 @@ from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 
 SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
 CLUSTER = SETTINGS.cluster_path
-NOW = datetime.datetime.now(tz=datetime.UTC)
+
+
+def now() -> datetime.datetime:
+    """The time now: the releaser reads the real clock, so times are taken when a test runs, not at
+    import (a session that runs minutes of sandbox tests first would push them past every window)."""
+    return datetime.datetime.now(tz=datetime.UTC)
 
 
 def ago(seconds: float) -> str:
-    return (NOW - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (now() - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.fixture
@@ -53,7 +58,7 @@ def submit(kube: FakeKube, jobset: dict[str, Any]) -> list[dict[str, Any]]:
 def with_pools(gke: FakeGke, kube: FakeKube, jobset: dict[str, Any]) -> list[NodePoolInfo]:
     """Submit ``jobset``, provision its pools, make them RUNNING with Nodes, and run its pods there."""
     pods = submit(kube, jobset)
-    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
     mine = [p for p in gke.pools[CLUSTER].values() if p.labels[labels.OWNER_UID] == jobset["metadata"]["uid"]]
     for pool in mine:
         gke.mark(CLUSTER, pool.name, STATUS_RUNNING)
@@ -295,7 +300,7 @@ def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke,
     settings = SETTINGS.with_overrides(idle_pool_seconds=120)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet deleted") == []
     stamp = int(gke.pools[CLUSTER][pool.name].labels[labels.IDLE_SINCE])
-    assert abs(stamp - NOW.timestamp()) < 60
+    assert abs(stamp - now().timestamp()) < 60
     # Later looks measure from the stamp: once it is older than the window, the pool goes.
     gke.pools[CLUSTER][pool.name] = NodePoolInfo(
         **{
@@ -322,10 +327,10 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
     for pod in pods:
         pod["metadata"]["creationTimestamp"] = ago(5)
     service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30.0)
-    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW).result == CREATED
+    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now()).result == CREATED
     # A duplicate event of the same pod is answered from memory (no listing).
     lists = gke.count("list")
-    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW).result == EXISTS
+    assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now()).result == EXISTS
     assert gke.count("list") == lists
     # Kueue suspends it past the grace: reconcile releases the pools (another instance).
     suspend(kube, "a", since=SETTINGS.suspend_grace_seconds + 60)
@@ -339,18 +344,18 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
         pod["metadata"]["creationTimestamp"] = datetime.datetime.now(tz=datetime.UTC).strftime(
             "%Y-%m-%dT%H:%M:%SZ"
         )
-    assert service.handle_pending_pod("team-a", fresh[0]["metadata"]["name"], NOW).result == CREATED
+    assert service.handle_pending_pod("team-a", fresh[0]["metadata"]["name"], now()).result == CREATED
 
 
 def test_provision_reports_an_error_pool_on_the_jobset_at_once(gke: FakeGke, kube: FakeKube) -> None:
     a = tpu_jobset("a", "team-a", replicas=1)
     pods = submit(kube, a)
     service = Provisioner(SETTINGS, gke, kube)
-    service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
     [name] = gke.managed_names(CLUSTER)
     gke.mark(CLUSTER, name, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity")
     for _ in range(3):  # every FailedScheduling of the pod: one Event, counted
-        service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+        service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
     [failed] = [e for e in kube.events if e["reason"] == labels.REASON_FAILED]
     assert (failed["kind"], failed["name"], failed["type"], failed["count"]) == ("JobSet", "a", "Warning", 3)
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in failed["message"] and name in failed["message"]
@@ -359,7 +364,7 @@ def test_provision_reports_an_error_pool_on_the_jobset_at_once(gke: FakeGke, kub
 def test_requested_is_one_event_per_group_naming_every_pool(gke: FakeGke, kube: FakeKube) -> None:
     a = tpu_jobset("a", "team-a", replicas=3)
     pods = submit(kube, a)
-    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], NOW)
+    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
     requested = [e for e in kube.events if e["reason"] == labels.REASON_REQUESTED]
     assert sorted(e["kind"] for e in requested) == ["JobSet", "Pod"]
     assert all(all(n in e["message"] for n in gke.managed_names(CLUSTER)) for e in requested)
