@@ -203,12 +203,14 @@ def test_a_pool_deleted_behind_the_cache_is_created_again_once_the_ttl_expires()
 
 @pytest.mark.parametrize("status", [STATUS_ERROR, STATUS_STOPPING], ids=["error", "stopping"])
 def test_pools_on_their_way_out_are_never_remembered(status):
+    # Without a stockout backoff: this is about the instance's memory, not about waiting out failures.
+    settings = SETTINGS.with_overrides(stockout_backoff_seconds=0)
     gke, kube, clock = FakeGke(), FakeKube(), Clock()
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    service = Provisioner(settings, gke, kube, known_pool_ttl=30, clock=clock)
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
     [name] = gke.managed_names(CLUSTER)
-    fresh = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    fresh = Provisioner(settings, gke, kube, known_pool_ttl=30, clock=clock)
     gke.mark(CLUSTER, name, status)
     assert deliver(fresh, pods[0]).result == EXISTS  # listed, in its final state
     gke.delete_node_pool(CLUSTER, name, "gone")

@@ -200,9 +200,10 @@ def test_reconcile_recycles_an_error_pool_only_when_nobody_runs_on_it(gke: FakeG
         gke.mark(CLUSTER, pool.name, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED")
     kube.pods = {k: p for k, p in kube.pods.items() if p["metadata"]["labels"][labels.JOBSET_NAME] == "busy"}
 
-    first = Reconciler(SETTINGS, gke, kube, clock=lambda: NOW.timestamp()).sweep()
+    now = datetime.datetime.now(tz=datetime.UTC).timestamp()
+    first = Reconciler(SETTINGS, gke, kube, clock=lambda: now).sweep()
     assert (first.backing_off, first.healed) == (2, 0)  # both wait out their stockout backoff
-    later = NOW.timestamp() + SETTINGS.stockout_backoff_seconds
+    later = now + SETTINGS.stockout_backoff_seconds
     summary = Reconciler(SETTINGS, gke, kube, clock=lambda: later).sweep()
 
     assert busy_pool.name in gke.pools[CLUSTER]
