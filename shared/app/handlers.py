@@ -50,7 +50,7 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
             return None
         # A slot of the cluster's operation quota is free: waiting slices go now, not at a backoff.
         with logs.bound(pool=event.pool):
-            requested = provisioner(runtime).resume()
+            requested = provisioner(runtime).resume(event.pool)
         return Outcome(
             CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
         )

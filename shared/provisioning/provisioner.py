@@ -383,9 +383,9 @@ class Provisioner:
         if isinstance(error, OperationLimitError):
             self.operation_limit = slots.stated_quota(error.why) or self.operation_limit
 
-    def resume(self) -> list[str]:
-        """A node-pool operation of the cluster finished: request waiting slices while slots are free."""
-        return slots.resume(self)
+    def resume(self, pool: str = "") -> list[str]:
+        """A node-pool operation (on ``pool``) finished: report failures, request waiting slices."""
+        return slots.resume(self, pool)
 
     # -- helpers ----------------------------------------------------------------------------------
 

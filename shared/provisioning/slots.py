@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, Refused
-from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
 from shared.tpu.slices import slice_request
 
 if TYPE_CHECKING:
@@ -42,17 +42,22 @@ def free(limit: int | None, pools: list[NodePoolInfo]) -> int | None:
     return max(0, limit - sum(1 for p in pools if p.status in BUSY))
 
 
-def resume(provisioner: Provisioner) -> list[str]:
+def resume(provisioner: Provisioner, pool: str = "") -> list[str]:
     """Request waiting slices (pending JobSet pods without their pool), oldest pod first, while slots last.
 
-    Each is requested exactly as provision requests it (its whole replicated job, the JobSet read
-    deciding); one pool listing per group keeps the slot count honest. Returns the pools requested.
+    ``pool`` is the pool whose operation ended: the instance forgets what it remembered of it, so a
+    create that ended in ERROR (a stockout) is reported on its JobSet now, through the same path as
+    a pending pod's event. Each slice is requested exactly as provision requests it (its whole
+    replicated job, the JobSet read deciding). Returns the pools requested.
     """
+    if pool:
+        provisioner.known_pools.forget(pool)
     cluster = provisioner.settings.cluster_path
     pods = provisioner.kube.list_pods(
         label_selector=labels.JOBSET_NAME, field_selector="status.phase=Pending"
     )
     pods.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+    pools = provisioner.gke.list_node_pools(cluster)
     requested: list[str] = []
     done: set[str] = set()
     for pod in pods:
@@ -60,18 +65,17 @@ def resume(provisioner: Provisioner) -> list[str]:
             name = slice_request(pod).pool_name
         except (NotEligible, Refused):
             continue
-        if name in done:
+        existing = next((p for p in pools if p.name == name), None)
+        if name in done or (existing is not None and existing.status != STATUS_ERROR):
             continue
-        pools = provisioner.gke.list_node_pools(cluster)
-        if free(provisioner.operation_limit, pools) == 0:
-            break
-        done.update(p.name for p in pools)
-        if name in done:
-            continue
+        if existing is None and free(provisioner.operation_limit, pools) == 0:
+            continue  # no slot for a create; failed pools further down are still reported
         outcome = provisioner.provision_pod(pod, pools=pools)
         requested += outcome.requested
         done.update(outcome.requested)
         done.add(name)
+        if outcome.requested:
+            pools = provisioner.gke.list_node_pools(cluster)  # the slots those creates took
     logs.decision(
         log,
         "provision.resumed",
