@@ -91,6 +91,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     timeout = 10  # a client that connects and never sends must not pin a thread forever
     status_sent = 0  # the HTTP status of the answer, once sent
+    kind = ""  # the routed method, once known
 
     def log_message(self, format: str, *args: Any) -> None:
         """Keep the test output quiet; calls are recorded on the emulator instead."""
@@ -115,6 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
         """Write one JSON response and close the exchange."""
         data = payload.encode()
         self.status_sent = code
+        # Counted before the client can read the answer, so a test that got it sees it counted.
+        self.server.emulator._count_answer(self.kind, code)
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -318,6 +321,7 @@ class GkeEmulator:
             self._send_error(request, ApiError(404, "NOT_FOUND", f"No method {request.command} {path}."))
             return
         kind, args = route
+        request.kind = kind
         with self._calls_lock:
             self._calls.append(Call(kind, path, _summarize(kind, body)))
         self.in_flight.enter(kind)
@@ -328,8 +332,11 @@ class GkeEmulator:
             self._serve(request, kind, args, body, path)
         finally:
             self.in_flight.leave(kind)
+
+    def _count_answer(self, kind: str, status: int) -> None:
+        if kind:
             with self._calls_lock:
-                self._answers[(kind, request.status_sent)] += 1
+                self._answers[(kind, status)] += 1
 
     def _serve(self, request: _Handler, kind: str, args: tuple[str, ...], body: bytes, path: str) -> None:
         int_enums = "enum-encoding=int" in urllib.parse.unquote(urllib.parse.urlsplit(request.path).query)
