@@ -22,6 +22,7 @@ from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
 from sandbox.bench import env as bench_env
 from sandbox.bench import fanout as bench_fanout
+from sandbox.bench import handover as bench_handover
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench import waves as bench_waves
@@ -48,6 +49,8 @@ class BenchConfig:
     cluster: bench_cluster.ClusterShape = field(default_factory=bench_cluster.ClusterShape)
     cold_start: bool = True
     simulation: bool = True  # the virtual-time waves (seconds of real time)
+    handover: bool = True  # the queued same-shape workload on a whole sandbox stack (about a minute)
+    handover_shape: bench_handover.HandoverShape = field(default_factory=bench_handover.HandoverShape)
     log_dir: Path | None = None  # function process logs; a temporary directory when None
 
 
@@ -120,6 +123,22 @@ def _wave_targets(waves: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _handover_targets(result: bench_handover.HandoverResult) -> list[dict[str, Any]]:
+    n = result.shape.jobsets
+    creates_max = bench_handover.CONCURRENT + bench_handover.CREATES_SLACK
+    later = max(0, n - bench_handover.CONCURRENT)
+    handed = len(result.split(True))
+    return [
+        _target(f"handover creates, {n} queued JobSets", result.creates, creates_max, "calls"),
+        _target(
+            "handover JobSets run on handed-over pools == N - 2", handed, later, "JobSets", ok=handed == later
+        ),
+        _target("handover JobSets completed == N", result.completed, n, "JobSets", ok=result.completed == n),
+        _target("handover leaked pools", len(result.pools_leaked), 0, "pools"),
+        _target("handover pods killed by a pool deletion", result.pods_killed, 0, "pods"),
+    ]
+
+
 def fanout_dict(fan: bench_fanout.FanOutResult) -> dict[str, Any]:
     """The fan-out result as JSON-safe data."""
     out = asdict(fan)
@@ -167,6 +186,7 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
                 "storm": asdict(config.storm),
                 "fanout": asdict(config.fanout),
                 "cluster": asdict(config.cluster),
+                "handover": asdict(config.handover_shape) if config.handover else None,
             },
         }
         targets: list[dict[str, Any]] = []
@@ -210,6 +230,12 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
         report["fanout"] = fanout_dict(fan)
         report["reconcile_scale"] = cluster_dict(sweep)
         targets += _scale_targets(fan, sweep)
+        if config.handover:
+            shape = config.handover_shape
+            say(f"handover: {shape.jobsets} same-shape JobSets through a queue that runs 2 at a time")
+            handover = bench_handover.run(shape)
+            report["handover"] = bench_handover.as_dict(handover)
+            targets += _handover_targets(handover)
         if config.simulation:
             say("simulation: S slices through GKE's operation limit, in virtual time")
             waves, without = bench_waves.run_all()

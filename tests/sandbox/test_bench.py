@@ -16,7 +16,9 @@ from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
 from sandbox.bench import env as bench_env
 from sandbox.bench import fanout as bench_fanout
+from sandbox.bench import handover as bench_handover
 from sandbox.bench import overhead as bench_overhead
+from sandbox.bench import report as bench_report
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
 from sandbox.testing.builders import tpu_jobset
@@ -98,7 +100,17 @@ def test_cold_start_probes_ack_without_calls_and_first_create_creates_once(env, 
 @pytest.mark.integration
 def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     out = tmp_path / "results"
-    argv = ["bench", "--skip-cold-start", "--events", "40", "--out", str(out), "--fanout-slices", "6"]
+    argv = [
+        "bench",
+        "--skip-cold-start",
+        "--skip-handover",
+        "--events",
+        "40",
+        "--out",
+        str(out),
+        "--fanout-slices",
+        "6",
+    ]
     argv += ["--cluster-nodes", "20", "--cluster-pods", "200", "--cluster-jobsets", "10"]
     argv += ["--cluster-pools", "4"]
     assert cli.main([*argv, "--slices", "3", "--hosts", "2", "--repeats", "2", "--concurrency", "3"]) == 0
@@ -141,6 +153,27 @@ def test_cluster_part_sweeps_a_preloaded_cluster_with_paged_selective_lists(env,
     # nodes (none here: the nodes are CPU nodes) in one page, read for cordons left by a crash.
     assert result.list_pages == 4
     assert result.rss.worker_mib > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_handover_part_creates_pools_for_the_queue_not_for_every_jobset():
+    # 4 same-shape JobSets, 2 at a time: the first 2 get fresh pools, the other 2 take them over.
+    result = bench_handover.run(bench_handover.HandoverShape(jobsets=4, run_seconds=2.0, timeout=150))
+    assert result.problems == []
+    assert result.completed == 4
+    assert result.creates == result.pools_created == 2
+    assert result.pools_adopted == 2
+    assert result.pools_deleted == 2
+    assert result.pools_leaked == []
+    assert result.pods_killed == 0
+    assert [t.handed_over for t in result.timings] == [False, False, True, True]
+    assert all(t.seconds is not None for t in result.timings)
+    report = {"handover": bench_handover.as_dict(result)}
+    assert report["handover"]["fresh"]["count"] == report["handover"]["handed_over"]["count"] == 2
+    lines = bench_report.handover_lines(report)
+    assert "| GKE create requests (without handover: one per JobSet) | **2** (vs 4) |" in lines
+    assert "| pools adopted (TPUSliceAdopted) / deleted / leaked | 2 / 2 / 0 |" in lines
 
 
 def test_cli_rejects_non_positive_counts(tmp_path, capsys):

@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--skip-cold-start", action="store_true", help="skip the (slowest) cold-start part")
     parser.add_argument("--skip-simulation", action="store_true", help="skip the virtual-time waves part")
+    parser.add_argument("--skip-handover", action="store_true", help="skip the queued same-shape workload")
+    parser.add_argument(
+        "--handover-jobsets", type=int, default=8, help="handover: same-shape JobSets queued (e.g. 20)"
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the function processes' logs here")
     parser.set_defaults(func=run)
 
@@ -41,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when every target is met, 1 when one is missed, 2 on bad input."""
     counts = (args.launches, args.events, args.slices, args.repeats, args.concurrency, args.fanout_slices)
+    counts += (args.handover_jobsets,)
     scale = (args.cluster_nodes, args.cluster_pods, args.cluster_jobsets, args.cluster_pools)
     if min(counts) < 1 or min(scale) < 1 or args.cluster_pools > args.cluster_jobsets:
         print(
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from sandbox.bench import runner as bench
     from sandbox.bench.cluster import ClusterShape
     from sandbox.bench.fanout import FanOutShape
+    from sandbox.bench.handover import HandoverShape
     from sandbox.bench.storm import StormShape
 
     config = bench.BenchConfig(
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         ),
         cold_start=not args.skip_cold_start,
         simulation=not args.skip_simulation,
+        handover=not args.skip_handover,
+        handover_shape=HandoverShape(jobsets=args.handover_jobsets),
         log_dir=args.log_dir,
     )
     try:
