@@ -17,11 +17,14 @@ from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 
 SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
 CLUSTER = SETTINGS.cluster_path
-NOW = datetime.datetime.now(tz=datetime.UTC)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.UTC)
 
 
 def ago(seconds):
-    return (NOW - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (now() - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.fixture
@@ -44,7 +47,9 @@ def submit(kube, jobset):
 
 def provision_all(gke, kube, pods, settings=SETTINGS, ttl=0.0):
     service = Provisioner(settings, gke, kube, known_pool_ttl=ttl)
-    return [service.handle_pending_pod(p["metadata"]["namespace"], p["metadata"]["name"], NOW) for p in pods]
+    return [
+        service.handle_pending_pod(p["metadata"]["namespace"], p["metadata"]["name"], now()) for p in pods
+    ]
 
 
 # --- provision ---------------------------------------------------------------------------------
@@ -115,8 +120,8 @@ def test_failed_cluster_read_is_retried_by_redelivery_and_not_cached(kube):
     gke.fail("get_cluster", "unavailable")
     name = pods[0]["metadata"]["name"]
     with pytest.raises(TransientError):
-        service.handle_pending_pod("team-a", name, NOW)
-    assert service.handle_pending_pod("team-a", name, NOW).result == CREATED
+        service.handle_pending_pod("team-a", name, now())
+    assert service.handle_pending_pod("team-a", name, now()).result == CREATED
     assert gke.count("get_cluster") == 2 and gke.count("create") == 1
 
 
@@ -139,9 +144,9 @@ def test_concurrent_create_409_is_success(gke, kube):
 
 def test_old_event_and_missing_pod_are_skipped(gke, kube):
     service = Provisioner(SETTINGS, gke, kube)
-    old = NOW - datetime.timedelta(seconds=SETTINGS.max_event_age_seconds + 5)
+    old = now() - datetime.timedelta(seconds=SETTINGS.max_event_age_seconds + 5)
     assert service.handle_pending_pod("team-a", "x", old).result == SKIPPED
-    assert service.handle_pending_pod("team-a", "gone", NOW).result == SKIPPED
+    assert service.handle_pending_pod("team-a", "gone", now()).result == SKIPPED
     assert gke.calls == []
 
 
@@ -211,7 +216,7 @@ def test_transient_gke_errors_raise_for_redelivery(gke, kube, kind):
 def test_kube_down_raises_transient(gke, kube):
     kube.down = True
     with pytest.raises(TransientError):
-        Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", "p", NOW)
+        Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", "p", now())
 
 
 # --- release -----------------------------------------------------------------------------------
