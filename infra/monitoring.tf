@@ -10,11 +10,7 @@
 #
 # What the code does not log yet, and what is used instead:
 # * no refusal reason code: `reason` is cut out of the refusal message (the guardrail's wording);
-# * no accelerator/topology on a stockout: stockouts are counted per JobSet and zone;
-# * no chips total of the managed pools: chips come from each create request's `why`, and the
-#   managed-pool count from reconcile.summary's `pools_seen`;
-# * no delay between a pod's pending event and its pool's create: nothing carries the event's
-#   timestamp to the decision line, so the dashboard has no pending-to-create latency.
+# * no accelerator/topology on a stockout: stockouts are counted per JobSet and zone.
 
 locals {
   # Log lines of this deployment's services only ("<prefix>-<function>"), as Cloud Run stores them.
@@ -156,6 +152,20 @@ locals {
       filter          = "jsonPayload.event=\"reconcile.summary\""
       value_type      = "DISTRIBUTION"
       value_extractor = "EXTRACT(jsonPayload.pools_seen)"
+      labels          = {}
+    }
+    managed_chips = {
+      description     = "TPU chips in managed node pools, as each reconcile sweep counts them (reconcile.summary chips)."
+      filter          = "jsonPayload.event=\"reconcile.summary\""
+      value_type      = "DISTRIBUTION"
+      value_extractor = "EXTRACT(jsonPayload.chips)"
+      labels          = {}
+    }
+    pending_to_create_seconds = {
+      description     = "Seconds from a slice's pod creation to its pool's create request (provision.created pending_seconds)."
+      filter          = "jsonPayload.event=\"provision.created\""
+      value_type      = "DISTRIBUTION"
+      value_extractor = "EXTRACT(jsonPayload.pending_seconds)"
       labels          = {}
     }
     chips_requested = {

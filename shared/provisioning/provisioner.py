@@ -350,7 +350,10 @@ class Provisioner:
             )
         )
         why = create_why(item, shape)
-        return self._done(Outcome(CREATED, why, spec.name, slice_desc))
+        # How long the slice's pod waited before its pool was requested (a dashboard distribution).
+        created_at = pod_created_at(pod)
+        waited = round(max(0.0, time.time() - created_at), 1) if created_at else None
+        return self._done(Outcome(CREATED, why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
 
     def _defer(
         self,
@@ -428,8 +431,14 @@ class Provisioner:
         self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
         return self._done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
 
-    def _done(self, outcome: Outcome, level: int = logging.INFO) -> Outcome:
+    def _done(self, outcome: Outcome, level: int = logging.INFO, **fields: Any) -> Outcome:
         logs.decision(
-            log, f"provision.{outcome.result}", outcome.why, level, pool=outcome.pool, slice=outcome.slice
+            log,
+            f"provision.{outcome.result}",
+            outcome.why,
+            level,
+            pool=outcome.pool,
+            slice=outcome.slice,
+            **fields,
         )
         return outcome

@@ -26,6 +26,7 @@ from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
 from shared.provisioning.provisioner import WAITING, Provisioner
 from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
+from shared.provisioning.requests import managed_chips
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
 
@@ -103,6 +104,7 @@ class Reconciler:
             f"offered {summary.offered}, backing off {summary.backing_off}",
             logging.WARNING if summary.errors else logging.INFO,
             pools_seen=summary.pools_seen,
+            chips=managed_chips(pools),
             deleted=summary.deleted,
             healed=summary.healed,
             requested=summary.requested,

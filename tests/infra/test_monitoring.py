@@ -681,6 +681,12 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
         {"severity": "WARNING"},
     ),
     ("managed_pools", Line("reconcile", "reconcile.summary", "pools seen 3", {"pools_seen": 3}), {"": "3"}),
+    ("managed_chips", Line("reconcile", "reconcile.summary", "pools seen 3", {"chips": 24}), {"": "24"}),
+    (
+        "pending_to_create_seconds",
+        Line("provision", "provision.created", "default/t slice[0] pending", {"pending_seconds": 41.5}),
+        {"": "41.5"},
+    ),
     (
         "reconcile_orphans",
         Line(
