@@ -100,7 +100,10 @@ def run(config: SimConfig, resume: Callable[[Provisioner], Any] | None = None) -
 
 def _run(config: SimConfig, resume: Callable[[Provisioner], Any] | None) -> SimResult:
     sim = Simulation()
-    settings = Settings(project_id="sim", location="us-central2-b", cluster_name="sim")
+    # Creates go one at a time: in virtual time GKE answers at once, and threads racing a real clock
+    # would make the count of refused creates depend on this machine's load. Deployed, a fan-out of
+    # CREATE_CONCURRENCY can meet up to that many 429s in the first wave, before the quota is known.
+    settings = Settings(project_id="sim", location="us-central2-b", cluster_name="sim", create_concurrency=1)
     kube = FakeKube()
     jobset = tpu_jobset("big", replicas=config.slices, accelerator="tpu-v5-lite-podslice", topology="2x2")
     kube.add_jobset(jobset)
