@@ -56,7 +56,8 @@ def _wave_lines(report: dict[str, Any]) -> list[str]:
         "D = 5 min (uniform within 20%); Pub/Sub with infra's retry policy (10-600 s, 10 attempts, "
         "then dead letter); "
         "FailedScheduling repeated every 5 min per pending pod; reconcile every 5 min; the audit entry "
-        "of each finished operation delivered to provision 5 s later. Lower bound: ceil(S/C) x D.",
+        "of each finished operation delivered to provision 5 s later. Lower bound: ceil(S/C) x D with "
+        "the nominal D (drawn durations can beat it).",
         "",
         *_table(
             [
