@@ -181,7 +181,9 @@ def test_recreated_jobset_of_the_same_name_never_loses_a_pod(stack: Stack) -> No
     assert all(p["metadata"]["labels"][labels.JOBSET_UID] == new_uid for p in pods(stack, "reborn"))
     assert_user_view(watch, stack, "reborn")
     for pool in old_pools:  # deleted, or handed to the new incarnation and deleted when it ended
-        assert gke_requests(stack, "create", pool) == 1
+        # One create, or two when GKE refused the first because another operation was running on the
+        # cluster and the redelivery sent it again; never a second pool beside it (assert_user_view).
+        assert 1 <= gke_requests(stack, "create", pool) <= 2
         assert gke_requests(stack, "delete", pool) >= 1
 
 
