@@ -177,14 +177,14 @@ class Provisioner:
         existing = next((p for p in pools if p.name == spec.name), None)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
-            if existing.status in (STATUS_ERROR, STATUS_STOPPING):
+            settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
+            if settled:
                 self.known_pools.forget(spec.name)  # on its way out: the next event must list again
             else:
                 self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
                 why += "; reconcile recycles it once its stockout backoff is over"
                 self._report_failed(request, existing)
-            settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled or not group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
@@ -214,6 +214,7 @@ class Provisioner:
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
         wanted: list[Create] = [] if existing is not None else [Create(request, spec, slice_desc)]
         # Slices backing off after a stockout or quota failure wait too (reconcile retries them).
+        listed = {p.name for p in pools}  # one set, not a scan per sibling (groups of hundreds)
         for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
             if index == request.slice_id.job_index:
                 continue
@@ -221,9 +222,11 @@ class Provisioner:
                 request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
             )
             sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
-            if any(p.name == sibling_spec.name for p in pools) or self.known_pools.known(sibling_spec.name):
-                continue
-            if sibling_spec.name in held:
+            if (
+                sibling_spec.name in listed
+                or sibling_spec.name in held
+                or self.known_pools.known(sibling_spec.name)
+            ):
                 continue
             wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, Refused
-from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
+from shared.tpu.nodepools import (
+    STATUS_ERROR,
+    STATUS_PROVISIONING,
+    STATUS_RECONCILING,
+    STATUS_STOPPING,
+    NodePoolInfo,
+)
 from shared.tpu.slices import slice_request
 
 if TYPE_CHECKING:
@@ -26,7 +32,7 @@ log = logs.get("provision")
 
 _QUOTA = re.compile(r"concurrent operations quota (\d+)")
 # Pool states that hold one of the cluster's operation slots (an operation is running on the pool).
-BUSY = ("PROVISIONING", "STOPPING", "RECONCILING")
+BUSY = (STATUS_PROVISIONING, STATUS_STOPPING, STATUS_RECONCILING)
 
 
 def stated_quota(message: str) -> int | None:
