@@ -71,6 +71,7 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         disk_type=spec.disk_type,
         tags=list(spec.tags),
         spot=spec.spot,
+        flex_start=spec.flex_start,
     )
     if spec.reservation is not None:
         config.reservation_affinity = gke.ReservationAffinity(
@@ -78,13 +79,28 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
             key=RESERVATION_KEY,
             values=[spec.reservation.value],
         )
+    elif spec.flex_start:
+        # Flex-start VMs never consume a reservation; GKE expects the affinity stated as none.
+        config.reservation_affinity = gke.ReservationAffinity(
+            consume_reservation_type=gke.ReservationAffinity.Type.NO_RESERVATION
+        )
+    autoscaling = gke.NodePoolAutoscaling(enabled=False)
+    if spec.flex_start:
+        # Created empty: the autoscaler adds the slice's VMs when flex-start obtains them (all of a
+        # multi-host slice at once), and removes them when the pool is idle.
+        autoscaling = gke.NodePoolAutoscaling(
+            enabled=True,
+            total_min_node_count=0,
+            total_max_node_count=spec.node_count,
+            location_policy=gke.NodePoolAutoscaling.LocationPolicy.ANY,
+        )
     pool = gke.NodePool(
         name=spec.name,
-        initial_node_count=spec.node_count,
+        initial_node_count=0 if spec.flex_start else spec.node_count,
         locations=list(spec.node_locations),
         config=config,
         management=gke.NodeManagement(auto_upgrade=spec.auto_upgrade, auto_repair=spec.auto_repair),
-        autoscaling=gke.NodePoolAutoscaling(enabled=False),
+        autoscaling=autoscaling,
     )
     if spec.max_pods_per_node > 0:
         pool.max_pods_constraint = gke.MaxPodsConstraint(max_pods_per_node=spec.max_pods_per_node)
@@ -108,13 +124,19 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
         name=pool.name,
         status=_enum_name(pool.status),
         machine_type=pool.config.machine_type,
-        node_count=pool.initial_node_count,
+        # A flex-start pool is made empty; its size is the autoscaler's maximum (the slice's VMs).
+        node_count=(
+            pool.autoscaling.total_max_node_count or pool.autoscaling.max_node_count
+            if pool.config.flex_start
+            else pool.initial_node_count
+        ),
         labels=dict(pool.config.labels),
         node_locations=tuple(pool.locations),
         status_message=pool.status_message,
         tpu_topology=pool.placement_policy.tpu_topology,
         spot=bool(pool.config.spot),
         reservation=next(iter(pool.config.reservation_affinity.values), ""),
+        flex_start=bool(pool.config.flex_start),
     )
 
 

@@ -65,6 +65,9 @@ class NodePoolSpec:
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True
+    # Flex-start (Dynamic Workload Scheduler) capacity: the pool is created empty and autoscales up
+    # to ``node_count`` nodes once GKE obtains the whole slice.
+    flex_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,8 @@ class NodePoolInfo:
     create_time: str = ""
     spot: bool = False
     reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
+    flex_start: bool = False
+    current_nodes: int | None = None  # nodes a flex-start pool has now (None: not reported)
 
 
 @dataclasses.dataclass(frozen=True)
