@@ -19,8 +19,9 @@ import flask
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from shared.core import logs
-from shared.core.errors import PermanentError, TransientError
+from shared.core.errors import InvalidInputError, PermanentError, TransientError
 from shared.core.settings import Settings
+from shared.tpu import capacity
 
 log = logs.get("entry")
 
@@ -37,6 +38,10 @@ class Runtime:
     """
 
     def __init__(self, settings: Settings) -> None:
+        try:  # a misspelled policy would fail every slice; say so at startup instead
+            capacity.parse_policy(settings.capacity_policy)
+        except ValueError as exc:
+            raise InvalidInputError(f"setting CAPACITY_POLICY: {exc}") from None
         self.settings = settings
         self._lock = threading.RLock()  # services built under it ask for the adapters
         self._cache: dict[str, Any] = {}

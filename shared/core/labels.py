@@ -28,6 +28,8 @@ NODEPOOL = "cloud.google.com/gke-nodepool"
 SPOT = "cloud.google.com/gke-spot"
 RESERVATION_NAME = "cloud.google.com/reservation-name"
 RESERVATION_PROJECT = "cloud.google.com/reservation-project"
+# GKE labels the nodes of flex-start pools with this (value "true"); pods select it to run only there.
+FLEX_START = "cloud.google.com/gke-flex-start"
 TPU_RESOURCE = "google.com/tpu"
 ZONE = "topology.kubernetes.io/zone"  # well-known node label; a pod selecting it pins its slice's zone
 # Selectors under these prefixes are GKE's business; every other selector is copied to node labels.
@@ -50,10 +52,12 @@ HANDED_OVER_FROM = f"{PRODUCT_DOMAIN}/handed-over-from"
 # Node annotation set while the product cordons a node before deleting its pool: says who and why,
 # and lets the product lift only its own cordons (never an operator's).
 CORDONED = f"{PRODUCT_DOMAIN}/cordoned"
-# JobSet annotation: JSON {pool: {"attempts": K, "failedAt": unix, "recycled": bool}} of the slices
+# JobSet annotation: JSON {pool: {"attempts": K, "failedAt": unix, "recycled": bool, ...}} of the slices
 # GKE could not provision (stockout, quota). The stockout backoff is derived from it; it lives and
 # dies with the JobSet and shows in `kubectl describe jobset` (shared.provisioning.backoff).
 SLICE_FAILURES = f"{PRODUCT_DOMAIN}/slice-failures"
+# JobSet annotation: the capacity policy of its slices (shared.tpu.capacity), overriding CAPACITY_POLICY.
+CAPACITY_POLICY = f"{PRODUCT_DOMAIN}/capacity-policy"
 # A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.
 OPT_OUT = f"{PRODUCT_DOMAIN}/opt-out"
 # Resource (GCE) labels allow neither dots nor slashes; billing exports group by these.

@@ -112,6 +112,9 @@ class Settings:
     # cluster autoscaler's node-group backoff: 5 min doubling to 30 min). 0 retries at the next sweep.
     stockout_backoff_seconds: int = 300
     stockout_backoff_max_seconds: int = 1800
+    # Ordered capacity fallback for slices (shared.tpu.capacity), e.g. "spot, on-demand"; a JobSet's
+    # tpuprov.dev/capacity-policy annotation overrides it. "" = only what each pod selects.
+    capacity_policy: str = ""
 
     # Setup / Kueue.
     manifests_dir: str = "/app/manifests"

@@ -8,13 +8,17 @@ waits longer before the next: ``STOCKOUT_BACKOFF_SECONDS`` doubled per attempt, 
 The functions are stateless; the backoff is derived from one durable fact per slice, kept on the
 JobSet that wants it (annotation ``tpuprov.dev/slice-failures``)::
 
-    {"<pool>": {"attempts": K, "failedAt": <unix seconds>, "recycled": <bool>}}
+    {"<pool>": {"attempts": K, "failedAt": <unix seconds>, "recycled": <bool>,
+                "option": "spot@us-east5-b", "next": "on-demand@us-east5-b", "rounds": R}}
 
 ``attempts`` counts failed creates, ``failedAt`` is when the product first saw the latest one, and
 ``recycled`` says whether that failure's pool is gone (reconcile deleted it, or the create was
 answered with a quota error and no pool was made): the next ERROR pool seen is then a new attempt.
-Until ``failedAt + backoff(attempts)`` reconcile keeps an ERROR pool in place (it has no nodes and
-costs nothing; provision sees it listed and creates nothing) and provision creates no missing pool.
+``option`` is the capacity that attempt asked for and ``next`` the one the capacity policy
+(shared.tpu.capacity) tries next, at once; when the policy has none left, ``next`` is empty and
+the slice waits ``backoff(rounds)`` (``rounds``: how often the whole policy failed) before starting
+over. Until ``retryAt`` reconcile keeps an ERROR pool in place (it has no nodes and costs nothing;
+provision sees it listed and creates nothing) and provision creates no missing pool.
 
 Why an annotation and not the Events' counts: the JobSet is read anyway before any create, so the
 gate costs no extra call; it survives the API server's Event TTL; writes are conditional on the
@@ -31,13 +35,14 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
 from shared.core.errors import ConflictError, NotFoundError, TransientError
 from shared.core.settings import Settings
+from shared.tpu import capacity
 
 log = logs.get("backoff")
 
@@ -62,10 +67,29 @@ class Failure:
     attempts: int
     failed_at: float  # Unix seconds
     recycled: bool = False
+    option: str = ""  # the capacity option this attempt used (CapacityOption.key)
+    next: str = ""  # the option tried next, at once; "" = back off, then start over
+    rounds: int = 0  # times every option of the policy failed (the backoff exponent)
+
+    @property
+    def backoff_rounds(self) -> int:
+        """Failed rounds that set the wait (at least one: this failure ended a round)."""
+        return max(1, self.rounds)
 
     def to_json(self) -> dict[str, Any]:
         """The annotation entry."""
-        return {"attempts": self.attempts, "failedAt": int(self.failed_at), "recycled": self.recycled}
+        entry: dict[str, Any] = {
+            "attempts": self.attempts,
+            "failedAt": int(self.failed_at),
+            "recycled": self.recycled,
+        }
+        if self.option:
+            entry["option"] = self.option
+        if self.next:
+            entry["next"] = self.next
+        if self.rounds:
+            entry["rounds"] = self.rounds
+        return entry
 
 
 def delay(settings: Settings, attempts: int) -> int:
@@ -78,8 +102,8 @@ def delay(settings: Settings, attempts: int) -> int:
 
 
 def retry_at(settings: Settings, failure: Failure) -> float:
-    """When the slice may be tried again."""
-    return failure.failed_at + delay(settings, failure.attempts)
+    """When the slice may be tried again: at once with the policy's next option, else after backoff."""
+    return failure.failed_at + (0 if failure.next else delay(settings, failure.backoff_rounds))
 
 
 def failures(jobset: dict[str, Any] | None) -> dict[str, Failure]:
@@ -93,7 +117,13 @@ def failures(jobset: dict[str, Any] | None) -> dict[str, Failure]:
     for pool, entry in data.items() if isinstance(data, dict) else ():
         try:
             found[str(pool)] = Failure(
-                int(entry["attempts"]), float(entry["failedAt"]), bool(entry.get("recycled", False))
+                int(entry["attempts"]),
+                float(entry["failedAt"]),
+                bool(entry.get("recycled", False)),
+                str(entry.get("option", "")),
+                str(entry.get("next", "")),
+                # Records from before capacity fallback: every attempt was a round of its own.
+                int(entry.get("rounds", 0 if "option" in entry else entry["attempts"])),
             )
         except (KeyError, TypeError, ValueError):
             continue
@@ -124,9 +154,16 @@ def failed_message(settings: Settings, pool: str, reason: str, failure: Failure)
     The same for every sighting of the attempt by any function (no "now", nothing only one caller
     knows), so repeats aggregate into one Event whose count says how often it was seen.
     """
-    wait = delay(settings, failure.attempts)
-    at = datetime.datetime.fromtimestamp(retry_at(settings, failure), tz=datetime.UTC)
     what = f"node pool {pool}"
+    if failure.option:
+        what += f" ({failure.option})"
+    if failure.next:
+        return (
+            f"{what} could not be provisioned: {reason}; attempt {failure.attempts}, "
+            f"falling back to {failure.next} now"
+        )
+    wait = delay(settings, failure.backoff_rounds)
+    at = datetime.datetime.fromtimestamp(retry_at(settings, failure), tz=datetime.UTC)
     when = (
         f"retrying in {describe(wait)} (not before {at:%H:%M:%S}Z)" if wait else "retrying at the next sweep"
     )
@@ -141,19 +178,33 @@ class Backoff:
         self.kube = kube
         self.clock = clock
 
-    def observe(self, jobset: dict[str, Any], pool: str, reason: str, *, pool_made: bool = True) -> Failure:
+    def observe(
+        self,
+        jobset: dict[str, Any],
+        pool: str,
+        reason: str,
+        *,
+        pool_made: bool = True,
+        tried: str = "",
+        options: Sequence[str] = (),
+    ) -> Failure:
         """Record that ``pool`` failed (ERROR status; ``pool_made`` False: the create itself was
         refused for quota) unless this failure is recorded already, and tell the JobSet.
 
-        A pool in ERROR is one attempt however often it is seen; a refused create is always a new one.
+        ``tried`` is the capacity option of the failed attempt and ``options`` the slice's options
+        in policy order (``CapacityOption.key``); they decide whether the next attempt falls back at
+        once or the slice backs off. A pool in ERROR is one attempt however often it is seen (unless
+        it asked for other capacity than the recorded attempt); a refused create is always a new one.
         Raises TransientError when the JobSet kept changing under the write (redelivery retries).
         """
 
         def change(known: Failure | None) -> Failure | None:
-            if pool_made and known is not None and not known.recycled:
+            if pool_made and known is not None and not known.recycled and known.option == tried:
                 return None  # this ERROR pool's failure is counted already
             attempts = (known.attempts if known else 0) + 1
-            return Failure(attempts, float(int(self.clock())), recycled=not pool_made)
+            following = capacity.after(options, tried) if tried else ""
+            rounds = (known.rounds if known else 0) + (0 if following else 1)
+            return Failure(attempts, float(int(self.clock())), not pool_made, tried, following, rounds)
 
         failure = self._update(jobset, {pool: change}, f"{pool} failed to provision: {reason}")[pool]
         if failure is None:  # unreachable: change() keeps only an existing entry
@@ -172,6 +223,8 @@ class Backoff:
             pool=pool,
             attempts=failure.attempts,
             retry_in=round(retry_at(self.settings, failure) - self.clock()),
+            option=failure.option,
+            next=failure.next,
         )
         return failure
 

@@ -28,6 +28,7 @@ from shared.core.errors import (
 )
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
+from shared.provisioning.fallback import Fallback
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
 from shared.provisioning.requests import (
@@ -40,7 +41,7 @@ from shared.provisioning.requests import (
     pod_created_at,
     pod_ref,
 )
-from shared.tpu import catalog
+from shared.tpu import capacity, catalog
 from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -73,6 +74,7 @@ class Outcome:
     pool: str = ""
     slice: str = ""
     requested: tuple[str, ...] = ()  # every pool this call created (its own and its siblings')
+    fallback: str = ""  # the capacity option a failed create falls back to at once (redelivery)
 
 
 class Provisioner:
@@ -95,6 +97,7 @@ class Provisioner:
         self.known_pools = KnownPools(known_pool_ttl, clock)
         self._clock = clock
         self.backoff = backoff.Backoff(settings, kube, wall_clock)
+        self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
         self._cluster: ClusterInfo | None = None
         # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
         self.operation_limit: int | None = settings.gke_operation_limit or None
@@ -183,8 +186,11 @@ class Provisioner:
             else:
                 self.known_pools.remember(spec.name)
             if existing.status == STATUS_ERROR:
-                why += "; reconcile recycles it once its stockout backoff is over"
-                self._report_failed(request, existing)
+                failure = self.fallback.report(request, existing)
+                if failure is not None and failure.next:
+                    why += f"; deleted to fall back to {failure.next}"
+                else:
+                    why += "; reconcile recycles it once its stockout backoff is over"
             if settled or not group_incomplete(pod, request, pools):
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
@@ -206,9 +212,13 @@ class Provisioner:
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
-        held = self._backing_off(jobset)
+        held = self.fallback.held(jobset)
         if existing is None and spec.name in held:
             return self._done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
+        try:  # each attempt's capacity: the policy's first option, or the recorded fallback
+            spec = self.fallback.spec(request, jobset, spec)
+        except Refused as exc:
+            return self._refuse(pod, exc.why, slice_desc, spec.name)
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
@@ -228,6 +238,7 @@ class Provisioner:
                 or self.known_pools.known(sibling_spec.name)
             ):
                 continue
+            sibling_spec = self.fallback.spec(sibling, jobset, sibling_spec)
             wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:
             outcomes = self._create_all(pod, wanted, shape, pools, budget, request, jobset)
@@ -296,6 +307,8 @@ class Provisioner:
                 self._learn_limit(error)
                 continue
             outcomes[item.spec.name] = self._created(pod, item, shape, pools, error, jobset)
+            if outcomes[item.spec.name].fallback:
+                failures.append(TransientError(outcomes[item.spec.name].why))
         created = [
             i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
         ]
@@ -325,10 +338,17 @@ class Provisioner:
             why = f"pool {spec.name} already exists (409)"
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
         if isinstance(error, RejectedError) and backoff.is_quota_error(error.why):
-            # Out of quota is a scarce resource like a stockout: the slice backs off the same way.
-            failure = self.backoff.observe(jobset, spec.name, error.why, pool_made=False)
+            # Out of quota is a scarce resource like a stockout: the slice falls back or backs off the
+            # same way. No pool was made, so a fallback is sent by the redelivery this raises.
+            keys = [o.key for o in self.fallback.options(item.request, jobset)]
+            failure = self.backoff.observe(
+                jobset, spec.name, error.why, pool_made=False, tried=capacity.key_of_spec(spec), options=keys
+            )
             why = f"GKE refused pool {spec.name} for quota (attempt {failure.attempts}): {error.why}"
-            return self._done(Outcome(FAILED, why, spec.name, slice_desc), logging.WARNING)
+            if failure.next:
+                why += f"; falling back to {failure.next}"
+            outcome = Outcome(FAILED, why, spec.name, slice_desc, fallback=failure.next)
+            return self._done(outcome, logging.WARNING)
         if isinstance(error, RejectedError):
             self.kube.record_event(
                 pod_ref(pod),
@@ -394,28 +414,6 @@ class Provisioner:
         return slots.resume(self, pool)
 
     # -- helpers ----------------------------------------------------------------------------------
-
-    def _report_failed(self, request: SliceRequest, pool: NodePoolInfo) -> None:
-        """Tell the JobSet now (not at the next sweep) that GKE could not provision its slice, with
-        the attempt and when it is retried; the first sighting of an attempt records it."""
-        try:
-            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
-        except NotFoundError:
-            return  # reconcile deletes the pools of a JobSet that is gone
-        self.backoff.observe(jobset, pool.name, pool.status_message or "status ERROR")
-
-    def _backing_off(self, jobset: dict[str, Any]) -> dict[str, str]:
-        """Pools of this JobSet that must not be created yet, with why (their failure backoff runs)."""
-        now = self.backoff.clock()
-        held: dict[str, str] = {}
-        for name, failure in backoff.failures(jobset).items():
-            wait = backoff.retry_at(self.settings, failure) - now
-            if wait > 0:
-                held[name] = (
-                    f"pool {name} failed to provision (attempt {failure.attempts}); backing off, "
-                    f"retried in {backoff.describe(wait)}"
-                )
-        return held
 
     def _guardrail(self, request: SliceRequest, chips: int) -> str:
         s = self.settings

@@ -132,7 +132,7 @@ class Reconciler:
                 verdicts.append((pool, Verdict(True, f"GKE could not provision it ({reason}); {owner.why}")))
                 continue
             try:  # the JobSet learns at once (one Event per attempt), whatever happens to the pool
-                failure = self.backoff.observe(jobset, pool.name, reason)
+                failure = self.provisioner.fallback.observe_owned(jobset, pool)
             except TransientError as exc:
                 summary.errors.append(exc.why)
                 continue
@@ -147,7 +147,9 @@ class Reconciler:
                     attempts=failure.attempts,
                 )
                 continue
-            why = f"GKE could not provision it ({reason}); attempt {failure.attempts} backed off"
+            why = f"GKE could not provision it ({reason}); attempt {failure.attempts} " + (
+                f"falls back to {failure.next}" if failure.next else "backed off"
+            )
             verdicts.append((pool, Verdict(True, why)))
         return verdicts
 

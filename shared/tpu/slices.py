@@ -14,9 +14,14 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId, label_key_problem, label_value_problem, pool_name
 from shared.core.settings import Settings
-from shared.tpu import catalog
-from shared.tpu.jobsets import expand_pods, pod_jobset_value
+from shared.tpu import capacity, catalog
+from shared.tpu.capacity import CapacityOption
+from shared.tpu.jobsets import pod_jobset_value
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
+
+# GKE's flex-start page lists v5e and v6e (GKE 1.33+) and excludes v3 and v4; Google's XPK also makes
+# flex-start Ironwood (tpu7x) pools. v5p is named nowhere, so it is not offered.
+FLEX_START_GENERATIONS = ("v5e", "v6e", "tpu7x")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +36,15 @@ class SliceRequest:
     reservation: Reservation | None = None
     extra_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     zone: str = ""  # the pod's topology.kubernetes.io/zone selector, if any
+    flex_start: bool = False  # the pod selects cloud.google.com/gke-flex-start=true
+
+    @property
+    def demand(self) -> capacity.Demand:
+        """What the pod's selectors require of its slice's capacity."""
+        if self.reservation is not None:
+            return capacity.Demand(capacity.RESERVATION, self.reservation, self.zone)
+        kind = capacity.SPOT if self.spot else capacity.FLEX_START if self.flex_start else ""
+        return capacity.Demand(kind, None, self.zone)
 
     @property
     def pool_name(self) -> str:
@@ -138,6 +152,18 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
             f"pod selects both {labels.SPOT}=true and {labels.RESERVATION_NAME}={reservation.value}: "
             "Spot VMs cannot consume reservations; select one or the other"
         )
+    flex_start = _truthy(selected.get(labels.FLEX_START, ""))
+    if flex_start and (spot or reservation is not None):
+        # Flex-start is its own provisioning model: its VMs are neither Spot VMs nor reserved ones.
+        other = (
+            f"{labels.SPOT}=true"
+            if spot
+            else f"{labels.RESERVATION_NAME}={reservation.value if reservation else ''}"
+        )
+        raise Refused(
+            f"pod selects both {labels.FLEX_START}=true and {other}: flex-start VMs are neither Spot "
+            "nor reserved capacity; select one or the other"
+        )
     extra: dict[str, str] = {}
     for key, value in sorted(selected.items()):
         if key.startswith(labels.RESERVED_LABEL_PREFIXES) or "kubernetes.io/" in key:
@@ -165,6 +191,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         reservation=reservation,
         extra_labels=extra,
         zone=selected.get(labels.ZONE, "").strip(),
+        flex_start=flex_start,
     )
 
 
@@ -190,7 +217,7 @@ def _configured_zones(settings: Settings) -> tuple[str, ...]:
 
 
 def choose_zone(settings: Settings, request: SliceRequest, cluster: ClusterInfo | None = None) -> str:
-    """The one zone a slice's pool is created in.
+    """The one zone a slice's pool is created in when no capacity policy names one.
 
     GKE builds a slice in a single zone, and a pool's node count is per zone, so every pool gets
     exactly one. The pod's ``topology.kubernetes.io/zone`` selector wins (it must be a configured
@@ -198,16 +225,66 @@ def choose_zone(settings: Settings, request: SliceRequest, cluster: ClusterInfo 
     cluster's own zone). A reservation's zone is not looked up (that needs a Compute call): pods
     consuming a reservation pin its zone with the selector, or it is listed first in NODE_LOCATIONS.
     """
+    return _default_zone(settings, request.zone, cluster)
+
+
+def _default_zone(settings: Settings, zone: str, cluster: ClusterInfo | None) -> str:
     configured = _configured_zones(settings)
-    if not request.zone:
+    if not zone:
         return configured[0]
     allowed = tuple(dict.fromkeys((*configured, *(cluster.locations if cluster else ()))))
-    if request.zone not in allowed:
+    if zone not in allowed:
         raise Refused(
-            f"pod selects {labels.ZONE}={request.zone}, which is not a zone of this cluster "
+            f"pod selects {labels.ZONE}={zone}, which is not a zone of this cluster "
             f"(zones: {', '.join(allowed)})"
         )
-    return request.zone
+    return zone
+
+
+def template_demand(jobset: Mapping[str, Any], replicated_job: str) -> capacity.Demand:
+    """What a replicated job's pod template selects of capacity (Kueue writes its flavor's node
+    labels there on admission), for decisions made without a pod at hand (reconcile)."""
+    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        if rjob.get("name") == replicated_job:
+            template = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
+            return capacity.demand_of(_selected(template or {}))
+    return capacity.Demand()
+
+
+def policy_of(settings: Settings, jobset: Mapping[str, Any] | None) -> tuple[CapacityOption, ...]:
+    """The capacity policy of a JobSet's slices: its annotation, else CAPACITY_POLICY.
+
+    A malformed annotation is the user's to fix: Refused, with the parser's reason.
+    """
+    annotations = ((jobset or {}).get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(labels.CAPACITY_POLICY)
+    try:
+        return capacity.parse_policy(settings.capacity_policy if text is None else str(text))
+    except ValueError as exc:
+        where = labels.CAPACITY_POLICY if text is not None else "CAPACITY_POLICY"
+        raise Refused(f"{where}: {exc}") from None
+
+
+def slice_options(
+    settings: Settings,
+    demand: capacity.Demand,
+    policy: tuple[CapacityOption, ...] = (),
+    cluster: ClusterInfo | None = None,
+) -> tuple[CapacityOption, ...]:
+    """The capacity options of a slice whose pods select ``demand``, in the order they are tried.
+
+    Never empty. Zones named by the policy must belong to the cluster (or NODE_LOCATIONS): a pool
+    in another zone could not be created, so such a policy is refused rather than tried.
+    """
+    choices = capacity.options(policy, demand, _default_zone(settings, demand.zone, cluster))
+    allowed = set(settings.node_locations) | set(cluster.locations if cluster else ())
+    for option in choices:
+        if allowed and option.zone not in allowed:
+            raise Refused(
+                f"capacity policy names zone {option.zone}, which is not a zone of this cluster "
+                f"(zones: {', '.join(sorted(allowed))})"
+            )
+    return choices
 
 
 def boot_disk(settings: Settings, shape: catalog.SliceShape) -> str:
@@ -228,9 +305,15 @@ def boot_disk(settings: Settings, shape: catalog.SliceShape) -> str:
 
 
 def build_node_pool(
-    settings: Settings, request: SliceRequest, cluster: ClusterInfo | None = None
+    settings: Settings,
+    request: SliceRequest,
+    cluster: ClusterInfo | None = None,
+    option: CapacityOption | None = None,
 ) -> tuple[NodePoolSpec, catalog.SliceShape]:
     """The NodePool for a slice. Raises ``Refused`` for shapes GKE would reject.
+
+    ``option`` is the capacity of this attempt (``slice_options``); None means the pod's own choice
+    in its default zone, which is what every attempt uses without a capacity policy.
 
     ``cluster`` (from ``get_cluster``) decides upgrades: a cluster enrolled in a release channel
     only accepts pools with auto-upgrade and auto-repair on; without one auto-upgrade stays off so
@@ -251,6 +334,14 @@ def build_node_pool(
         name = settings.tpu7x_workload_policy.replace("{topology}", shape.topology.replace("x", "-"))
         placement = Placement(type="", policy_name=name)
 
+    if option is None:
+        option = capacity.options((), request.demand, choose_zone(settings, request, cluster))[0]
+    flex_start = option.kind == capacity.FLEX_START
+    if flex_start and shape.generation not in FLEX_START_GENERATIONS:
+        raise Refused(
+            f"flex-start capacity is not offered for {shape.generation} TPUs "
+            f"(only {', '.join(FLEX_START_GENERATIONS)})"
+        )
     node_labels = {**request.extra_labels, **ownership_labels(request.slice_id)}
     resource_labels = {
         labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
@@ -260,12 +351,12 @@ def build_node_pool(
         name=request.pool_name,
         machine_type=shape.machine_type,
         node_count=shape.num_vms,
-        node_locations=(choose_zone(settings, request, cluster),),
+        node_locations=(option.zone,),
         labels=node_labels,
         resource_labels=resource_labels,
         placement=placement,
-        spot=request.spot,
-        reservation=request.reservation,
+        spot=option.kind == capacity.SPOT,
+        reservation=option.reservation,
         service_account=settings.node_service_account,
         oauth_scopes=settings.oauth_scopes,
         max_pods_per_node=settings.max_pods_per_node,
@@ -273,62 +364,9 @@ def build_node_pool(
         disk_type=boot_disk(settings, shape),
         tags=settings.network_tags,
         auto_upgrade=bool(cluster and cluster.release_channel),
-        auto_repair=True,
+        # GKE's flex-start pools are made with auto-repair off (a repair would recreate VMs that
+        # flex-start may not get back); everything else keeps it on.
+        auto_repair=not flex_start,
+        flex_start=flex_start,
     )
     return spec, shape
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedPool:
-    """One line of ``tpuprov plan``: a pool the JobSet would get, or why a Job gets none."""
-
-    slice: str
-    pool: str = ""
-    machine_type: str = ""
-    node_count: int = 0
-    topology: str = ""
-    total_chips: int = 0
-    placement: str = ""
-    note: str = ""
-
-
-def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
-    """The pools ``jobset`` would get, one per slice, derived exactly as the provision function does."""
-    seen: dict[str, PlannedPool] = {}
-    result: list[PlannedPool] = []
-    for pod in expand_pods(jobset):
-        pod_labels = pod["metadata"]["labels"]
-        slice_desc = f"{pod_labels[labels.REPLICATED_JOB_NAME]}[{pod_labels[labels.JOB_INDEX]}]"
-        try:
-            request = slice_request(pod)
-            spec, shape = build_node_pool(settings, request)
-        except (NotEligible, Refused) as exc:
-            if slice_desc not in seen:
-                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
-                result.append(seen[slice_desc])
-            continue
-        if slice_desc in seen:
-            continue
-        placement = ""
-        if spec.placement:
-            placement = spec.placement.policy_name or f"{spec.placement.type} {spec.placement.tpu_topology}"
-        planned = PlannedPool(
-            slice=slice_desc,
-            pool=spec.name,
-            machine_type=spec.machine_type,
-            node_count=spec.node_count,
-            topology=shape.topology,
-            total_chips=shape.total_chips,
-            placement=placement,
-            note=" ".join(
-                part
-                for part in (
-                    "spot" if spec.spot else "",
-                    f"reservation {spec.reservation.value}" if spec.reservation else "",
-                )
-                if part
-            ),
-        )
-        seen[slice_desc] = planned
-        result.append(planned)
-    return result

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from shared.core.settings import Settings
-from shared.tpu.slices import plan
+from shared.tpu.plan import plan
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

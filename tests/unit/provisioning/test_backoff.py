@@ -27,6 +27,7 @@ SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cor
 CLUSTER = SETTINGS.cluster_path
 STOCKOUT = "GCE_STOCKOUT: ZONE_RESOURCE_POOL_EXHAUSTED: the zone does not have enough resources available"
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+OPTION = "on-demand@us-east5-b"  # no capacity policy: every attempt is the pod's own choice, on-demand
 
 
 class Clock:
@@ -178,10 +179,12 @@ def test_first_sighting_records_the_attempt_on_the_jobset_and_says_when_it_is_re
     [event] = failed_events(kube)
     assert (event["kind"], event["name"], event["type"], event["count"]) == ("JobSet", "a", "Warning", 3)
     assert event["message"] == (
-        f"node pool {name} could not be provisioned: {STOCKOUT}; "
+        f"node pool {name} ({OPTION}) could not be provisioned: {STOCKOUT}; "
         "attempt 1, retrying in 5 min (not before 08:05:00Z)"
     )
-    assert record(kube) == {name: {"attempts": 1, "failedAt": int(T0), "recycled": False}}
+    assert record(kube) == {
+        name: {"attempts": 1, "failedAt": int(T0), "recycled": False, "option": OPTION, "rounds": 1}
+    }
     assert gke.count("create") == 1
 
 
@@ -208,7 +211,13 @@ def test_reconcile_keeps_a_failed_pool_until_its_backoff_is_over_then_recycles_i
     assert pending(provision, pods[0]) == CREATED  # the retry: attempt 2
     stock_out(gke)
     assert pending(provision, pods[0]) == EXISTS
-    assert record(kube)[name] == {"attempts": 2, "failedAt": int(T0) + 300, "recycled": False}
+    assert record(kube)[name] == {
+        "attempts": 2,
+        "failedAt": int(T0) + 300,
+        "recycled": False,
+        "option": OPTION,
+        "rounds": 2,
+    }
     messages = [e["message"] for e in failed_events(kube)]
     assert [m.split("; ", 1)[1] for m in messages] == [
         "attempt 1, retrying in 5 min (not before 08:05:00Z)",
@@ -263,7 +272,9 @@ def test_a_quota_refusal_is_reported_on_the_jobset_and_backs_off_the_same_way(
     gke.fail("create", "quota")
     assert pending(provision, pods[0]) == FAILED
     name = next(iter(record(kube)))
-    assert record(kube) == {name: {"attempts": 1, "failedAt": int(T0), "recycled": True}}
+    assert record(kube) == {
+        name: {"attempts": 1, "failedAt": int(T0), "recycled": True, "option": OPTION, "rounds": 1}
+    }
     [event] = failed_events(kube)
     assert event["kind"] == "JobSet" and "Insufficient regional quota" in event["message"]
     assert event["message"].endswith("attempt 1, retrying in 5 min (not before 08:05:00Z)")
@@ -276,7 +287,13 @@ def test_a_quota_refusal_is_reported_on_the_jobset_and_backs_off_the_same_way(
     clock.now += 180
     gke.fail("create", "quota")
     assert reconcile.sweep().requested == 0  # the sweep's retry met the quota again: attempt 2
-    assert record(kube)[name] == {"attempts": 2, "failedAt": int(T0) + 300, "recycled": True}
+    assert record(kube)[name] == {
+        "attempts": 2,
+        "failedAt": int(T0) + 300,
+        "recycled": True,
+        "option": OPTION,
+        "rounds": 2,
+    }
     clock.now += 600
     assert pending(provision, pods[0]) == CREATED
     assert gke.count("create") == 3
@@ -305,7 +322,8 @@ def test_two_functions_seeing_the_same_failure_count_it_once(
     stale = kube.get_jobset("team-a", "a")  # what a concurrent reconcile listed before provision wrote
     pending(provision, pods[0])
     other = backoff.Backoff(SETTINGS, kube, clock)
-    assert other.observe(stale, name, STOCKOUT).attempts == 1  # conflict, re-read: already counted
+    seen = other.observe(stale, name, STOCKOUT, tried=OPTION, options=[OPTION])
+    assert seen.attempts == 1  # conflict, re-read: already counted
     assert record(kube)[name]["attempts"] == 1
     assert [e["count"] for e in failed_events(kube)] == [2]
 

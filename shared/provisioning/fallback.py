@@ -1,0 +1,134 @@
+"""Capacity fallback: which capacity each attempt at a slice uses, and what a failed attempt leads to.
+
+The policy (shared.tpu.capacity) orders the options; the JobSet's failure record
+(shared.provisioning.backoff) says which one failed last and which one comes next. Provision,
+resume and reconcile all go through here, so they agree on the option of every attempt:
+
+- a create uses the recorded fallback option when there is one, else the policy's first option;
+- an ERROR pool with a fallback option left is deleted at once (through the occupancy-safe
+  ``Releaser``), and the delete's finished-operation entry resumes the slice on the next option;
+- a quota refusal with a fallback option left is retried on it by redelivery, seconds later;
+- when no option is left the slice backs off (``backoff``) and then starts over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.core import labels, logs
+from shared.core.errors import NotFoundError, Refused, TransientError
+from shared.core.settings import Settings
+from shared.provisioning import backoff
+from shared.provisioning.occupancy import Verdict
+from shared.provisioning.releaser import Releaser
+from shared.tpu import capacity
+from shared.tpu.capacity import CapacityOption
+from shared.tpu.nodepools import STATUS_ERROR, ClusterInfo, NodePoolInfo, NodePoolSpec
+from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options, template_demand
+
+log = logs.get("fallback")
+
+
+class Fallback:
+    """Chooses each attempt's capacity and turns failed attempts into fallback or backoff."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        tracker: backoff.Backoff,
+        cluster: Callable[[], ClusterInfo],
+    ) -> None:
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.backoff = tracker
+        self.cluster = cluster
+
+    def options(self, request: SliceRequest, jobset: dict[str, Any] | None) -> tuple[CapacityOption, ...]:
+        """The slice's options in policy order (Refused: a bad policy or zone)."""
+        return slice_options(self.settings, request.demand, policy_of(self.settings, jobset), self.cluster())
+
+    def spec(self, request: SliceRequest, jobset: dict[str, Any], spec: NodePoolSpec) -> NodePoolSpec:
+        """The pool this attempt creates: ``spec`` rebuilt on the option the failure record names."""
+        choices = self.options(request, jobset)
+        failure = backoff.failures(jobset).get(spec.name)
+        option = capacity.pick(choices, failure.next if failure else "")
+        if capacity.key_of_spec(spec) == option.key:
+            return spec
+        built, _ = build_node_pool(self.settings, request, self.cluster(), option)
+        return built
+
+    def report(self, request: SliceRequest, pool: NodePoolInfo) -> backoff.Failure | None:
+        """A pool of this slice is in ERROR: record the attempt on the JobSet (once) and, when the
+        policy has another option, delete the pool now so the next attempt can use it."""
+        try:
+            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
+        except NotFoundError:
+            return None  # reconcile deletes the pools of a JobSet that is gone
+        keys = [o.key for o in self.options(request, jobset)]
+        failure = self.backoff.observe(
+            jobset,
+            pool.name,
+            pool.status_message or "status ERROR",
+            tried=capacity.key_of_pool(pool),
+            options=keys,
+        )
+        if failure.next and pool.status == STATUS_ERROR:
+            self.recycle(jobset, pool, failure)
+        return failure
+
+    def observe_owned(self, jobset: dict[str, Any], pool: NodePoolInfo) -> backoff.Failure:
+        """Reconcile's sighting of an ERROR pool (no pod at hand: the JobSet's template decides)."""
+        rjob = pool.labels.get(labels.OWNER_REPLICATED_JOB, "")
+        try:
+            choices = slice_options(
+                self.settings, template_demand(jobset, rjob), policy_of(self.settings, jobset), self.cluster()
+            )
+            keys = [o.key for o in choices]
+        except Refused as exc:  # a bad policy must not stop the sweep: back off as without one
+            logs.decision(
+                log, "fallback.no_policy", f"{pool.name}: {exc.why}", logging.WARNING, pool=pool.name
+            )
+            keys = []
+        return self.backoff.observe(
+            jobset,
+            pool.name,
+            pool.status_message or "status ERROR",
+            tried=capacity.key_of_pool(pool),
+            options=keys,
+        )
+
+    def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo, failure: backoff.Failure) -> None:
+        """Delete a failed pool whose slice falls back to other capacity, under the occupancy rule."""
+        why = f"GKE could not provision it on {failure.option}; falling back to {failure.next}"
+        meta = jobset.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        outcome = Releaser(self.settings, self.gke, self.kube).dispose(
+            [(pool, Verdict(True, why))], "capacity fallback", {key: jobset}, [pool]
+        )
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        if outcome.deleted:
+            self.backoff.recycled(jobset, [pool.name])
+            logs.decision(log, "fallback.recycled", f"deleted {pool.name}: {why}", pool=pool.name)
+
+    def held(self, jobset: dict[str, Any]) -> dict[str, str]:
+        """Pools of this JobSet that must not be created yet, with why (their backoff runs)."""
+        now = self.backoff.clock()
+        held: dict[str, str] = {}
+        for name, failure in backoff.failures(jobset).items():
+            wait = backoff.retry_at(self.settings, failure) - now
+            if wait > 0:
+                held[name] = (
+                    f"pool {name} failed to provision (attempt {failure.attempts}); backing off, "
+                    f"retried in {backoff.describe(wait)}"
+                )
+        return held
+
+
+__all__ = ["Fallback"]

@@ -1,0 +1,68 @@
+"""``tpuprov plan``: the pools a JobSet would get, derived exactly as the provision function does."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shared.core import labels
+from shared.core.errors import NotEligible, Refused
+from shared.core.settings import Settings
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.slices import build_node_pool, slice_request
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedPool:
+    """One line of ``tpuprov plan``: a pool the JobSet would get, or why a Job gets none."""
+
+    slice: str
+    pool: str = ""
+    machine_type: str = ""
+    node_count: int = 0
+    topology: str = ""
+    total_chips: int = 0
+    placement: str = ""
+    note: str = ""
+
+
+def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
+    """The pools ``jobset`` would get, one per slice, derived exactly as the provision function does."""
+    seen: dict[str, PlannedPool] = {}
+    result: list[PlannedPool] = []
+    for pod in expand_pods(jobset):
+        pod_labels = pod["metadata"]["labels"]
+        slice_desc = f"{pod_labels[labels.REPLICATED_JOB_NAME]}[{pod_labels[labels.JOB_INDEX]}]"
+        try:
+            request = slice_request(pod)
+            spec, shape = build_node_pool(settings, request)
+        except (NotEligible, Refused) as exc:
+            if slice_desc not in seen:
+                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
+                result.append(seen[slice_desc])
+            continue
+        if slice_desc in seen:
+            continue
+        placement = ""
+        if spec.placement:
+            placement = spec.placement.policy_name or f"{spec.placement.type} {spec.placement.tpu_topology}"
+        planned = PlannedPool(
+            slice=slice_desc,
+            pool=spec.name,
+            machine_type=spec.machine_type,
+            node_count=spec.node_count,
+            topology=shape.topology,
+            total_chips=shape.total_chips,
+            placement=placement,
+            note=" ".join(
+                part
+                for part in (
+                    "spot" if spec.spot else "",
+                    f"reservation {spec.reservation.value}" if spec.reservation else "",
+                )
+                if part
+            ),
+        )
+        seen[slice_desc] = planned
+        result.append(planned)
+    return result
