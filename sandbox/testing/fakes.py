@@ -149,6 +149,7 @@ class FakeGke:
                 tpu_topology=spec.placement.tpu_topology if spec.placement else "",
                 spot=spec.spot,
                 reservation=spec.reservation.value if spec.reservation else "",
+                flex_start=spec.flex_start,
             )
             self.specs[spec.name] = spec
             return f"operation-{next(self._ops)}"
