@@ -91,6 +91,7 @@ locals {
     RELEASE_GRACE_SECONDS = tostring(var.release_grace_seconds)
     SUSPEND_GRACE_SECONDS = tostring(var.suspend_grace_seconds)
     TPU7X_WORKLOAD_POLICY = var.tpu7x_workload_policy
+    CAPACITY_POLICY       = var.capacity_policy
     MANIFESTS_DIR         = var.manifests_dir
     JOBSET_VERSION        = var.jobset_version
     KUEUE_VERSION         = var.kueue_version

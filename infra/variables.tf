@@ -127,6 +127,12 @@ variable "tpu7x_workload_policy" {
   default     = ""
 }
 
+variable "capacity_policy" {
+  type        = string
+  description = "Ordered capacity fallback of TPU slices, e.g. \"spot, on-demand\" (CAPACITY_POLICY); empty = only what each pod selects."
+  default     = ""
+}
+
 variable "jobset_version" {
   type        = string
   description = "JobSet release the setup function installs (JOBSET_VERSION); its manifest must be baked into the image."
