@@ -154,7 +154,9 @@ def provision(settings, compute, gke, kube, jobset):
 
 
 def tpu7x(name, replicas=2):
-    return tpu_jobset(name, "team-a", replicas=replicas, accelerator="tpu7x", topology="2x2x2", chips_per_vm=4)
+    return tpu_jobset(
+        name, "team-a", replicas=replicas, accelerator="tpu7x", topology="2x2x2", chips_per_vm=4
+    )
 
 
 def test_two_slices_of_one_topology_share_one_policy_and_name_it(compute):
