@@ -143,6 +143,13 @@ class ComputeEmulator:
         """Whether a resource policy exists (GKE emulator hook)."""
         return self.state.exists(project, region, name)
 
+    def topology_of(self, name: str) -> str:
+        """The accelerator topology of the workload policy ``name`` (any region), "" if none."""
+        for policy in self.state.policies():
+            if policy.get("name") == name.rsplit("/", 1)[-1]:
+                return str((policy.get("workloadPolicy") or {}).get("acceleratorTopology", ""))
+        return ""
+
     def policies(self) -> list[dict[str, Any]]:
         """Every resource policy, as Compute JSON."""
         return self.state.policies()
