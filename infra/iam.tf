@@ -2,9 +2,14 @@ locals {
   # Exactly the GKE permissions each function uses (setup_cluster is handled separately below).
   # The Kubernetes ones are checked by GKE's IAM authorizer when no RBAC rule grants them, so no
   # in-cluster binding is needed: pods (read the pending pod), events (record TPUSlice* events),
-  # thirdPartyObjects (JobSets, a custom resource).
+  # thirdPartyObjects (JobSets, a custom resource). The functions that create pools also create the
+  # tpu7x workload policies those pools name (a Compute Engine regional resource policy: get, insert,
+  # and the insert's regional operation) unless tpu7x_workload_policy names an existing one.
   custom_role_permissions = {
     provision = [
+      "compute.regionOperations.get",
+      "compute.resourcePolicies.create",
+      "compute.resourcePolicies.get",
       "container.clusters.get",
       "container.events.create",
       "container.nodePools.create",
@@ -30,6 +35,9 @@ locals {
     ]
     # The sweep deletes orphaned pools and creates the ones a missed event should have created.
     reconcile = [
+      "compute.regionOperations.get",
+      "compute.resourcePolicies.create",
+      "compute.resourcePolicies.get",
       "container.clusters.get",
       "container.events.create",
       "container.nodePools.create",

@@ -123,7 +123,7 @@ variable "suspend_grace_seconds" {
 
 variable "tpu7x_workload_policy" {
   type        = string
-  description = "Named workload policy used for multi-host tpu7x slices (TPU7X_WORKLOAD_POLICY)."
+  description = "Existing workload policy for multi-host tpu7x slices (TPU7X_WORKLOAD_POLICY; {topology} -> 2-2-2). Empty: the functions create one per topology."
   default     = ""
 }
 

@@ -13,6 +13,7 @@ from shared.core.settings import Settings
 from shared.events.envelope import ClusterId
 
 pytest_plugins = [
+    "sandbox.testing.compute",
     "sandbox.testing.fixtures.gke",
     "sandbox.testing.fixtures.kube",
     "sandbox.testing.fixtures.pubsub",

@@ -13,7 +13,7 @@ a slow Kubernetes write never holds a GKE request.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandbox.cluster.common import QueueWorker, SimContext, with_condition
@@ -37,8 +37,14 @@ def single_host_topology(accelerator: str, chips: int) -> str:
     return ""
 
 
-def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The Nodes GKE registers for a RUNNING pool given as GKE JSON (camelCase)."""
+def node_objects(
+    cluster_name: str, pool: Mapping[str, Any], policy_topology: Callable[[str], str] | None = None
+) -> list[dict[str, Any]]:
+    """The Nodes GKE registers for a RUNNING pool given as GKE JSON (camelCase).
+
+    ``policy_topology(name)`` is the accelerator topology of a named workload policy: a tpu7x pool
+    placed by one carries no TPU topology of its own, its nodes get the policy's.
+    """
     name = str(pool.get("name", ""))
     config = pool.get("config") or {}
     machine_type = str(config.get("machineType", ""))
@@ -54,7 +60,10 @@ def node_objects(cluster_name: str, pool: Mapping[str, Any]) -> list[dict[str, A
     accelerator = catalog.accelerator_for_machine_type(machine_type)
     chips = catalog.machine_type_chips(machine_type) or 0
     if accelerator:
-        topology = str((pool.get("placementPolicy") or {}).get("tpuTopology", ""))
+        placement = pool.get("placementPolicy") or {}
+        topology = str(placement.get("tpuTopology", ""))
+        if not topology and placement.get("policyName") and policy_topology is not None:
+            topology = policy_topology(str(placement["policyName"]))
         node_labels[labels.TPU_ACCELERATOR] = accelerator
         node_labels[labels.TPU_TOPOLOGY] = topology or single_host_topology(accelerator, chips)
         capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", labels.TPU_RESOURCE: str(chips)}
@@ -90,6 +99,8 @@ class NodeMirror:
         self.ctx = ctx
         self.cluster_path = cluster_path
         self.cluster_name = cluster_path.rsplit("/", 1)[-1]
+        # Accelerator topology of a named workload policy (the Compute emulator's), None: unknown.
+        self.policy_topology: Callable[[str], str] | None = None
         self._worker = QueueWorker(
             "node-mirror",
             self._apply,
@@ -126,7 +137,7 @@ class NodeMirror:
             "initialNodeCount": count,
         }
         with self.ctx.lock:
-            for node in node_objects(self.cluster_name, pool):
+            for node in node_objects(self.cluster_name, pool, self.policy_topology):
                 self.ctx.api.put(node)
 
     def _enqueue(self, work: _Work) -> None:
@@ -144,7 +155,7 @@ class NodeMirror:
             self._pool_deleted(str(payload))
 
     def _pool_ready(self, pool: Mapping[str, Any]) -> None:
-        nodes = node_objects(self.cluster_name, pool)
+        nodes = node_objects(self.cluster_name, pool, self.policy_topology)
         topology = nodes[0]["metadata"]["labels"].get(labels.TPU_TOPOLOGY, "") if nodes else ""
         with self.ctx.lock:  # logged under the lock, so it reads before any pod bound to these nodes
             for node in nodes:
@@ -156,9 +167,8 @@ class NodeMirror:
     def _pool_updated(self, pool: Mapping[str, Any]) -> None:
         # GKE applies a pool's new node labels to its running nodes (no recreation): the Node keeps
         # its spec (a cordon stays) and annotations, only the labels follow the pool.
-        wanted = {
-            str(n["metadata"]["name"]): n["metadata"]["labels"] for n in node_objects(self.cluster_name, pool)
-        }
+        nodes = node_objects(self.cluster_name, pool, self.policy_topology)
+        wanted = {str(n["metadata"]["name"]): n["metadata"]["labels"] for n in nodes}
         with self.ctx.lock:
             for node in self.ctx.api.list(
                 "v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool.get('name')}"

@@ -3,7 +3,9 @@
 ``Stack(config).start()`` (or ``with Stack(config) as stack:``) brings up, on free loopback ports:
 
 * the Pub/Sub emulator with infra's topics, push subscriptions, retry and dead-letter policies;
-* the GKE API emulator, whose finished pools become Kubernetes Nodes (``sandbox.cluster.nodes``);
+* the GKE API emulator, whose finished pools become Kubernetes Nodes (``sandbox.cluster.nodes``),
+  and the Compute Engine emulator holding the tpu7x workload policies GKE checks a pool's placement
+  policy against;
 * the Kubernetes API with the JobSet (and Kueue) CRDs, plus a simulated JobSet controller,
   scheduler, node lifecycle (cordon, pod GC) and, unless ``StackConfig.kueue`` is off, Kueue;
 * each event function under ``functions-framework`` as a child process, fed through the
@@ -35,6 +37,7 @@ from sandbox.cluster.kueue import KueueController
 from sandbox.cluster.lifecycle import PoolLifecycle
 from sandbox.cluster.nodes import NodeMirror
 from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
+from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.eventarc import Delivery, EventarcRelay
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.kube.api import KubeApiServer
@@ -70,6 +73,7 @@ class Stack:
             [ClusterSeed(c.project, c.location, c.cluster_name, locations=(c.location,))],
             op_delay=c.gke_op_delay,
         )
+        self.compute = ComputeEmulator()  # in-process, a thread; workload policies for tpu7x
         crds = [c.manifests_dir / c.jobset_manifest]
         if c.kueue:
             crds.append(c.manifests_dir / c.kueue_manifest)
@@ -142,8 +146,11 @@ class Stack:
         self._pubsub_thread = pubsub_thread
         pubsub_thread.start()
         self.gke.start()
+        self.compute.start()
+        self.gke.set_policy_lookup(self.compute.exists)  # GKE refuses a pool naming a missing policy
         self.kube.start()
         self.kube.write_kubeconfig(self.kubeconfig)
+        self.nodes.policy_topology = self.compute.topology_of
         self.nodes.attach(self.gke)
         self.lifecycle.attach(self.gke)
         self.gke.on_pool_deleted(lambda cluster, name: self._deleted_pools.append(name))
@@ -207,6 +214,7 @@ class Stack:
             self._stop_pubsub,
             self.kube.stop,
             self.gke.stop,
+            self.compute.stop,
         ]
         for step in steps:
             try:
@@ -254,6 +262,7 @@ class Stack:
             "LOCATION": c.location,
             "CLUSTER_NAME": c.cluster_name,
             "GKE_API_ENDPOINT": self.gke.url,
+            "COMPUTE_API_ENDPOINT": self.compute.url,
             "KUBE_API_ENDPOINT": self.kube.url,
             "MAX_EVENT_AGE_SECONDS": str(c.max_event_age_seconds),
             "MANIFESTS_DIR": str(c.manifests_dir),

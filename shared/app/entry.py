@@ -62,6 +62,16 @@ class Runtime:
 
         return self._cached("gke", build)
 
+    def compute(self) -> Any:
+        """The Compute Engine workload-policy adapter (``shared.cloud.compute.ComputeWorkloadPolicyAPI``)."""
+
+        def build() -> Any:
+            from shared.cloud.compute import ComputeWorkloadPolicyAPI
+
+            return ComputeWorkloadPolicyAPI(endpoint=self.settings.compute_api_endpoint)
+
+        return self._cached("compute", build)
+
     def kube(self) -> Any:
         """The Kubernetes adapter (``shared.cloud.kube.KubeClient``) for the managed cluster."""
 

@@ -13,6 +13,7 @@ from shared.app.entry import Runtime
 from shared.core import logs
 from shared.events import envelope as events
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
+from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import CREATED, SKIPPED, Outcome, Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
 from shared.provisioning.releaser import Releaser
@@ -31,11 +32,22 @@ def _foreign(runtime: Runtime, cluster: events.ClusterId) -> str:
     return ""
 
 
+def policies(runtime: Runtime) -> WorkloadPolicies:
+    """The instance's tpu7x workload-policy service (built once; its Compute client on first need)."""
+    return runtime.service("policies", lambda rt: WorkloadPolicies(rt.settings, rt.compute()))
+
+
 def provisioner(runtime: Runtime) -> Provisioner:
     """The instance's Provisioner (built once)."""
     return runtime.service(
         "provisioner",
-        lambda rt: Provisioner(rt.settings, rt.gke(), rt.kube(), known_pool_ttl=KNOWN_POOL_TTL_SECONDS),
+        lambda rt: Provisioner(
+            rt.settings,
+            rt.gke(),
+            rt.kube(),
+            known_pool_ttl=KNOWN_POOL_TTL_SECONDS,
+            policies=policies(rt),
+        ),
     )
 
 
@@ -93,6 +105,8 @@ def release(runtime: Runtime, cloud_event: Any) -> list[str] | None:
 
 def reconcile(runtime: Runtime, cloud_event: Any) -> Summary:
     """Handle a scheduler tick on the reconcile topic (the payload does not matter)."""
-    service = runtime.service("reconciler", lambda rt: Reconciler(rt.settings, rt.gke(), rt.kube()))
+    service = runtime.service(
+        "reconciler", lambda rt: Reconciler(rt.settings, rt.gke(), rt.kube(), policies=policies(rt))
+    )
     summary: Summary = service.sweep()
     return summary

@@ -213,7 +213,7 @@ def _raise_translated(exc: Exception, what: str) -> NoReturn:
 
     if isinstance(exc, auth_errors.DefaultCredentialsError):  # a deployment without credentials
         raise RejectedError(f"GKE {what}: no usable credentials: {exc}", 401) from exc
-    if _is_transport_failure(exc):
+    if is_transport_failure(exc):
         raise TransientError(f"GKE {what}: {type(exc).__name__}: {exc}") from exc
     raise exc
 
@@ -226,7 +226,8 @@ def _busy(message: str) -> bool:
     return "incompatible operation" in text or "please wait and try again" in text
 
 
-def _is_transport_failure(exc: Exception) -> bool:
+def is_transport_failure(exc: Exception) -> bool:
+    """True for failures of the connection or the token refresh (retryable; nothing was refused)."""
     from google.auth import exceptions as auth_errors
 
     # A failed token refresh is usually the metadata server or STS being briefly unreachable.

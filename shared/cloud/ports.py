@@ -1,8 +1,8 @@
-"""The raw-API ports: what the domain services need from GKE and Kubernetes, as Protocols.
+"""The raw-API ports: what the domain services need from GKE, Compute Engine and Kubernetes.
 
-Adapters (``shared.cloud.gke``, ``shared.cloud.kube``, ``shared.cloud.objects``) implement them over
-the Google and Kubernetes clients; the sandbox's fakes implement them over plain dicts. Every
-method raises only ``shared.core.errors`` types.
+Adapters (``shared.cloud.gke``, ``shared.cloud.compute``, ``shared.cloud.kube``,
+``shared.cloud.objects``) implement these Protocols over the Google and Kubernetes clients; the
+sandbox's fakes implement them over plain dicts. Every method raises only ``shared.core.errors`` types.
 """
 
 from __future__ import annotations
@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
+from shared.tpu.nodepools import (
+    ClusterInfo,
+    NodePoolInfo,
+    NodePoolSpec,
+    OperationInfo,
+    WorkloadPolicyInfo,
+)
 
 if TYPE_CHECKING:
     from shared.cloud.objects import KindRegistry
@@ -50,6 +56,24 @@ class NodePoolAPI(Protocol):
 
     def get_operation(self, operation: str) -> OperationInfo:
         """Fetch an operation by its resource path."""
+        ...
+
+
+class WorkloadPolicyAPI(Protocol):
+    """The raw Compute Engine calls for workload policies (regional resource policies).
+
+    A workload policy lives in a project and a region; GKE places a multi-host tpu7x pool by naming
+    one that exists in the pool's project and region.
+    """
+
+    def get(self, project: str, region: str, name: str) -> WorkloadPolicyInfo:
+        """One workload policy. Raises NotFoundError, RejectedError (e.g. 403) or TransientError."""
+        ...
+
+    def insert(self, project: str, region: str, name: str, accelerator_topology: str, why: str) -> None:
+        """Create a HIGH_THROUGHPUT workload policy for ``accelerator_topology`` and return once
+        Compute has finished creating it. Raises AlreadyExistsError (409), RejectedError (403, 400)
+        or TransientError (429, 5xx, or still being created when the adapter stopped waiting)."""
         ...
 
 

@@ -104,3 +104,24 @@ def pool_name(slice_id: SliceId) -> str:
     name = re.sub(r"-{2,}", "-", name)
     assert is_rfc1035(name, POOL_NAME_MAX), name
     return name
+
+
+# The product's own workload policies (tpu7x multi-host placement) start with this; see
+# ``shared.provisioning.policies``. Compute Engine resource names are RFC 1035 labels of <= 63 chars
+# (google-cloud-compute ``ResourcePolicy.name`` docstring).
+WORKLOAD_POLICY_PREFIX = "tpuprov-tpu7x-"
+
+
+def workload_policy_name(topology: str) -> str:
+    """The deterministic name of the workload policy the product creates for a tpu7x topology.
+
+    One policy per topology and region, shared by every slice of that shape (and by every deployment
+    in the project): ``2x2x2`` -> ``tpuprov-tpu7x-2-2-2``, the same ``x`` -> ``-`` spelling as the
+    ``{topology}`` placeholder of TPU7X_WORKLOAD_POLICY.
+    """
+    return f"{WORKLOAD_POLICY_PREFIX}{topology.lower().replace('x', '-')}"
+
+
+def region_of_zone(zone: str) -> str:
+    """``us-central2-b`` -> ``us-central2``: a zone's region is the zone without its last part."""
+    return zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone

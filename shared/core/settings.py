@@ -63,6 +63,8 @@ class Settings:
     # Where the APIs live. Empty means production (gRPC to GKE, endpoint from get_cluster).
     gke_api_endpoint: str = ""  # e.g. http://127.0.0.1:8089 (REST, anonymous credentials)
     kube_api_endpoint: str = ""  # e.g. http://127.0.0.1:8090 (no auth)
+    # Compute Engine (workload policies for tpu7x); empty means production compute.googleapis.com.
+    compute_api_endpoint: str = ""  # e.g. http://127.0.0.1:8091 (REST, anonymous credentials)
     kubeconfig: str = ""  # explicit kubeconfig path, used when no endpoint is given
 
     # Event handling.
@@ -76,7 +78,9 @@ class Settings:
     disk_size_gb: int = 100
     disk_type: str = ""  # "" = the machine family's default boot disk (catalog.boot_disk_types)
     network_tags: tuple[str, ...] = ()
-    tpu7x_workload_policy: str = ""  # named workload policy for multi-host tpu7x slices
+    # Named workload policy for multi-host tpu7x slices ("{topology}" -> e.g. 2-2-2). Empty: the
+    # product creates one per topology itself (shared.provisioning.policies); set, it creates none.
+    tpu7x_workload_policy: str = ""
 
     # Guardrails.
     namespace_allowlist: tuple[str, ...] = ()  # empty = every namespace

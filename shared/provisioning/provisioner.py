@@ -31,6 +31,7 @@ from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Fallback
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
+from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.requests import (
     Create,
     create_why,
@@ -88,10 +89,13 @@ class Provisioner:
         known_pool_ttl: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        policies: WorkloadPolicies | None = None,
     ) -> None:
         """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently;
-        ``wall_clock`` (Unix seconds) times the stockout backoff."""
+        ``wall_clock`` (Unix seconds) times the stockout backoff; ``policies`` creates the product's
+        tpu7x workload policies (None: pools name them and GKE must find them already there)."""
         self.settings = settings
+        self.policies = policies
         self.gke = gke
         self.kube = kube
         self.known_pools = KnownPools(known_pool_ttl, clock)
@@ -297,6 +301,8 @@ class Provisioner:
             sendable = sendable[:free]
 
         def send(item: Create) -> None:
+            if self.policies is not None:  # GKE needs the pool's workload policy to exist first
+                self.policies.ensure_for(item.spec, create_why(item, shape))
             self.gke.create_node_pool(self.settings.cluster_path, item.spec, create_why(item, shape))
 
         result = fan_out(sendable, send, self.settings.create_concurrency, budget)

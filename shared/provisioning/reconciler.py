@@ -24,6 +24,7 @@ from shared.core.errors import NotEligible, OperationLimitError, Refused, Transi
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
+from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import WAITING, Provisioner
 from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
 from shared.provisioning.requests import managed_chips
@@ -53,15 +54,21 @@ class Reconciler:
     """One sweep over the cluster's managed pools, JobSets and pending JobSet pods."""
 
     def __init__(
-        self, settings: Settings, gke: NodePoolAPI, kube: KubeAPI, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        clock: Callable[[], float] = time.time,
+        policies: WorkloadPolicies | None = None,
     ) -> None:
-        """``clock``: wall-clock Unix seconds (tests pass a fake one to walk through a backoff)."""
+        """``clock``: wall-clock Unix seconds (tests pass a fake one to walk through a backoff);
+        ``policies``: the tpu7x workload-policy service the creates of the sweep use."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
         self.clock = clock
         self.releaser = Releaser(settings, gke, kube)
-        self.provisioner = Provisioner(settings, gke, kube, wall_clock=clock)
+        self.provisioner = Provisioner(settings, gke, kube, wall_clock=clock, policies=policies)
         self.backoff = backoff.Backoff(settings, kube, clock)
 
     def sweep(self) -> Summary:

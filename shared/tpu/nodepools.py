@@ -22,11 +22,16 @@ STATUS_ERROR = "ERROR"
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Placement policy of a multi-host slice: COMPACT with a TPU topology, or a named policy."""
+    """Placement policy of a multi-host slice: COMPACT with a TPU topology, or a named policy.
+
+    ``managed_topology`` is set when ``policy_name`` is a workload policy the product itself creates
+    (``shared.provisioning.policies``) for that accelerator topology; "" when the operator named it.
+    """
 
     type: str = "COMPACT"
     tpu_topology: str = ""
     policy_name: str = ""
+    managed_topology: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +107,17 @@ class ClusterInfo:
     # RAPID / REGULAR / STABLE / EXTENDED, or "" when the cluster is not enrolled in a release
     # channel. Enrolled clusters refuse node pools with auto-upgrade (or auto-repair) turned off.
     release_channel: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadPolicyInfo:
+    """A Compute Engine workload policy (a regional resource policy) as the product reads it."""
+
+    name: str
+    region: str
+    type: str = ""  # HIGH_THROUGHPUT or HIGH_AVAILABILITY
+    accelerator_topology: str = ""  # e.g. "2x2x2"
+    status: str = ""  # CREATING, READY, DELETING, ... ("" when Compute did not say)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,13 @@ from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
-from shared.core.names import SliceId, label_key_problem, label_value_problem, pool_name
+from shared.core.names import (
+    SliceId,
+    label_key_problem,
+    label_value_problem,
+    pool_name,
+    workload_policy_name,
+)
 from shared.core.settings import Settings
 from shared.tpu import capacity, catalog
 from shared.tpu.capacity import CapacityOption
@@ -329,10 +335,16 @@ def build_node_pool(
     if shape.placement == "compact":
         placement = Placement(type="COMPACT", tpu_topology=shape.topology)
     elif shape.placement == "workload-policy":
-        if not settings.tpu7x_workload_policy:
-            raise Refused("multi-host tpu7x slices need TPU7X_WORKLOAD_POLICY (a workload policy name)")
-        name = settings.tpu7x_workload_policy.replace("{topology}", shape.topology.replace("x", "-"))
-        placement = Placement(type="", policy_name=name)
+        # GKE "About Ironwood (TPU7x) in GKE": a multi-host tpu7x pool is placed by a workload policy
+        # named in the placement policy instead of a TPU topology. The operator's policy wins; without
+        # one the pool names the product's own, which the provisioner makes exist before the create.
+        if settings.tpu7x_workload_policy:
+            name = settings.tpu7x_workload_policy.replace("{topology}", shape.topology.replace("x", "-"))
+            placement = Placement(type="", policy_name=name)
+        else:
+            placement = Placement(
+                type="", policy_name=workload_policy_name(shape.topology), managed_topology=shape.topology
+            )
 
     if option is None:
         option = capacity.options((), request.demand, choose_zone(settings, request, cluster))[0]

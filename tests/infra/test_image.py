@@ -30,6 +30,7 @@ def _requirement_name(requirement: str) -> str:
 
 # google.* is one namespace over many distributions: name the one behind each subpackage used.
 GOOGLE = {
+    "google.cloud.compute_v1": "google-cloud-compute",
     "google.cloud.container_v1": "google-cloud-container",
     "google.auth": "google-auth",
     "google.api_core": "google-api-core",

@@ -56,10 +56,19 @@ KUBE = {
     "container.thirdPartyObjects.get",
     "container.thirdPartyObjects.list",
 }
+# The tpu7x workload policies the pool creators make (shared/cloud/compute.py).
+WORKLOAD_POLICIES = {
+    "compute.regionOperations.get",
+    "compute.resourcePolicies.create",
+    "compute.resourcePolicies.get",
+}
 EXPECTED_PERMISSIONS = {
-    "provision": GKE_READ | KUBE | {"container.nodePools.create"},
+    "provision": GKE_READ | KUBE | WORKLOAD_POLICIES | {"container.nodePools.create"},
     "release": GKE_READ | KUBE | {"container.nodePools.delete"},
-    "reconcile": GKE_READ | KUBE | {"container.nodePools.create", "container.nodePools.delete"},
+    "reconcile": GKE_READ
+    | KUBE
+    | WORKLOAD_POLICIES
+    | {"container.nodePools.create", "container.nodePools.delete"},
     "apply_kueue": {"container.clusters.get"}
     | {f"container.priorityClasses.{verb}" for verb in ("create", "delete", "get", "list", "update")}
     | {f"container.thirdPartyObjects.{verb}" for verb in ("create", "delete", "get", "list", "update")},

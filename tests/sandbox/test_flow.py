@@ -84,6 +84,23 @@ def test_multislice_gets_one_whole_pool_per_slice(stack: Stack) -> None:
     assert used == set(successful_creates(stack, "multi"))
 
 
+def test_tpu7x_multislice_gets_the_products_workload_policy_once(stack: Stack) -> None:
+    # No TPU7X_WORKLOAD_POLICY: the product creates the topology's workload policy in the zone's
+    # region before the creates, and the stack's GKE refuses any pool naming a missing policy.
+    inserts = stack.compute.count("insert")
+    submit(stack, exclusive_tpu_jobset("iron", replicas=2, accelerator="tpu7x", topology="2x2x2"))
+
+    assert wait_finished(stack, "iron") == "Completed"
+    wait_released(stack, "iron")
+
+    assert_clean_run(stack, "iron", slices=2)
+    assert stack.compute.count("insert") == inserts + 1
+    region = stack.config.location.rsplit("-", 1)[0]
+    assert stack.compute.exists(stack.config.project, region, "tpuprov-tpu7x-2-2-2")
+    creates = [c for c in stack.gke.calls if c.method == "create" and "tpu7x-standard-4t" in c.summary]
+    assert len(creates) == 2
+
+
 def test_restart_recreates_pods_and_reuses_pools(stack: Stack) -> None:
     jobset = exclusive_tpu_jobset("again", replicas=2, topology="2x2")
     jobset["spec"]["failurePolicy"] = {"maxRestarts": 2}

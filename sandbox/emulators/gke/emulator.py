@@ -209,6 +209,11 @@ class GkeEmulator:
         """Reject any mutation while another operation runs on the same cluster (400 FAILED_PRECONDITION)."""
         self.state.set_strict_cluster_ops(strict)
 
+    def set_policy_lookup(self, lookup: Callable[[str, str, str], bool] | None) -> None:
+        """Refuse (400) pools whose named placement policy ``lookup(project, region, name)`` says is
+        missing, e.g. ``ComputeEmulator.exists``; None (the default) checks nothing."""
+        self.state.set_policy_lookup(lookup)
+
     def set_latency(self, duration: Duration | None, kinds: tuple[str, ...] = KINDS) -> None:
         """Hold every request of ``kinds`` for ``duration`` (seconds or a draw) before answering.
 

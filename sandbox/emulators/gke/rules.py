@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 MAX_POOL_NAME_LEN = 40
@@ -203,6 +204,29 @@ def _check_spot_reservation(config: Any) -> None:
     # pool with a specific reservation affinity was not found; this is the closest documented wording.
     if config.spot and config.reservation_affinity.consume_reservation_type == RESERVATION_SPECIFIC:
         raise invalid("Spot VMs cannot consume reservations: remove spot or the reservation affinity.")
+
+
+# Answers whether a Compute Engine resource policy exists: (project, region, name) -> bool.
+PolicyLookup = Callable[[str, str, str], bool]
+
+
+def check_placement_policy(pool: Any, project: str, cluster_location: str, exists: PolicyLookup) -> None:
+    """The named placement (workload) policy must exist in the pool's project and region.
+
+    container_v1 ``NodePool.PlacementPolicy.policy_name``: the resource policy must be in the same
+    project and region as the node pool, and GKE answers InvalidArgument when it is not found. GKE's
+    exact message was not found in the docs; this one says the same in GKE's style.
+    """
+    name = pool.placement_policy.policy_name
+    if not name:
+        return
+    zone = pool.locations[0] if pool.locations else cluster_location
+    region = region_of(zone)
+    if not exists(project, region, name.rsplit("/", 1)[-1]):
+        raise invalid(
+            f"Resource policy {name!r} was not found in project {project!r} and region {region!r}; "
+            "a node pool's placement policy must exist in the node pool's project and region."
+        )
 
 
 def validate_create(pool: Any, cluster_location: str, release_channel: str = "") -> None:

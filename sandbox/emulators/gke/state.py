@@ -21,7 +21,13 @@ from typing import Any
 from google.cloud.container_v1.types import cluster_service as cs
 from google.protobuf import json_format
 
-from sandbox.emulators.gke.rules import ApiError, region_of, validate_create
+from sandbox.emulators.gke.rules import (
+    ApiError,
+    PolicyLookup,
+    check_placement_policy,
+    region_of,
+    validate_create,
+)
 from sandbox.emulators.gke.timing import Draw
 
 _log = logging.getLogger("sandbox.gke")
@@ -128,6 +134,7 @@ class GkeState:
         self._deleted_hooks: list[PoolDeletedHook] = []
         self._updated_hooks: list[PoolUpdatedHook] = []
         self._op_hooks: list[Callable[[str, str, str, str], None]] = []
+        self._policy_lookup: PolicyLookup | None = None  # off: named placement policies are not checked
 
     # -- configuration --------------------------------------------------------------------------
 
@@ -159,6 +166,11 @@ class GkeState:
         self.advance()
         with self._lock:
             return sum(1 for op in self._ops.values() if not op.done and op.cluster.path == path)
+
+    def set_policy_lookup(self, lookup: PolicyLookup | None) -> None:
+        """Check that a pool's named placement policy exists, via ``lookup`` (None: no check)."""
+        with self._lock:
+            self._policy_lookup = lookup
 
     def set_strict_cluster_ops(self, strict: bool = True) -> None:
         """When strict, any running operation blocks other mutations on the same cluster."""
@@ -257,6 +269,8 @@ class GkeState:
         with self._lock:
             seed = self.cluster(path)
             validate_create(pool, seed.location, seed.release_channel)
+            if self._policy_lookup is not None:
+                check_placement_policy(pool, seed.project, seed.location, self._policy_lookup)
             if pool.name in self._pools[path]:
                 raise ApiError(409, "ALREADY_EXISTS", f"Already exists: {path}/nodePools/{pool.name}.")
             self._check_compatible(path, pool.name)

@@ -159,6 +159,17 @@ CASES = [
         id="tpu7x-multi-host-workload-policy",
     ),
     pytest.param(
+        {"accelerator": "tpu7x", "topology": "4x4x4", "chips_per_vm": 4},
+        {
+            "machine_type": "tpu7x-standard-4t",
+            "node_count": 16,
+            "labels": owner(),
+            "placement": Placement("", "", "tpu7x-4-4-4"),
+            "disk_type": "hyperdisk-balanced",
+        },
+        id="tpu7x-operator-policy-topology-placeholder",
+    ),
+    pytest.param(
         {"accelerator": "tpu7x", "topology": "2x2x1", "chips_per_vm": 4},
         {
             "machine_type": "tpu7x-standard-4t",
@@ -306,11 +317,6 @@ def test_refused(change, why):
             "unknown TPU accelerator",
         ),
         (
-            {"accelerator": "tpu7x", "topology": "2x2x2", "chips_per_vm": 4},
-            SETTINGS.with_overrides(tpu7x_workload_policy=""),
-            "TPU7X_WORKLOAD_POLICY",
-        ),
-        (
             {"accelerator": "tpu-v6e-slice", "topology": "4x4", "chips_per_vm": 4},
             SETTINGS.with_overrides(location="us-east5"),
             "NODE_LOCATIONS",
@@ -345,7 +351,6 @@ def test_refused(change, why):
     ids=[
         "chips-not-a-machine-type",
         "unknown-accelerator",
-        "tpu7x-without-policy",
         "regional-without-zone",
         "pd-disk-on-v6e",
         "hyperdisk-on-v5p",
@@ -480,3 +485,18 @@ def test_restart_attempt_keeps_pool_names():
     first = {slice_request(p).pool_name for p in expand_pods(jobset, restart_attempt=0)}
     again = {slice_request(p).pool_name for p in expand_pods(jobset, restart_attempt=1)}
     assert first == again
+
+
+def test_tpu7x_without_operator_policy_names_the_products_own_per_topology():
+    # No TPU7X_WORKLOAD_POLICY: the pool names the product's policy for its topology, marked managed
+    # so the provisioner makes it exist before the create is sent.
+    request = slice_request(pod_of(accelerator="tpu7x", topology="2x2x2", chips_per_vm=4))
+    spec, _ = build_node_pool(SETTINGS.with_overrides(tpu7x_workload_policy=""), request)
+    assert spec == expected(
+        request.pool_name,
+        machine_type="tpu7x-standard-4t",
+        node_count=2,
+        labels=owner(),
+        placement=Placement("", "", "tpuprov-tpu7x-2-2-2", "2x2x2"),
+        disk_type="hyperdisk-balanced",
+    )
