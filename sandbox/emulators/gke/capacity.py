@@ -330,8 +330,8 @@ class CapacityModel:
     def _event(self, key: str, event: str, demand: Demand) -> None:
         self.events.append(CapacityEvent(self._clock(), key, event, demand.kind, demand.zones, demand.chips))
 
-    def _zones_held(self) -> set[str]:
-        return {zone for h in self._holdings.values() for zone in h.demand.zones}
+    def _zones_held(self) -> frozenset[str]:
+        return frozenset(zone for h in self._holdings.values() for zone in h.demand.zones)
 
     def _fits(self, zone: str, demand: Demand) -> bool:
         free = self.free(zone, demand.kind)
