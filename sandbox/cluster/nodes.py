@@ -2,9 +2,12 @@
 
 When the GKE emulator finishes creating a pool, one Node per VM appears (``gke-<cluster>-<pool>-<i>``)
 with the labels GKE puts on TPU nodes (node pool, accelerator, topology, the pool's own node labels)
-and ``google.com/tpu`` capacity equal to the chips of one VM. When a pool is deleted its Nodes go,
-and pods still bound to them fail as pod GC fails them (``sandbox.cluster.lifecycle``), which the
-JobSet controller then sees. When a pool's node labels are updated, its Nodes' labels follow.
+and ``google.com/tpu`` capacity equal to the chips of one VM. The count is the nodes the pool has
+(the emulator's per-zone counts): a flex-start pool is RUNNING with none, and its whole slice
+appears when the emulator grants it capacity (the ready hook fires again then). When a pool is
+deleted its Nodes go, and pods still bound to them fail as pod GC fails them
+(``sandbox.cluster.lifecycle``), which the JobSet controller then sees. When a pool's node labels
+are updated, its Nodes' labels follow.
 
 The GKE hooks fire on the emulator's request or ticker threads; the work is queued to a worker so
 a slow Kubernetes write never holds a GKE request.
@@ -18,10 +21,13 @@ from typing import Any
 
 from sandbox.cluster.common import QueueWorker, SimContext, with_condition
 from sandbox.cluster.lifecycle import collect_orphans
+from sandbox.emulators.gke.pool_capacity import NODES_KEY
 from shared.core import labels
 from shared.tpu import catalog
 
 CPU_POOL = "default-pool"
+# The label GKE's autoscaler puts on flex-start nodes (k8s.io/gke-autoscaling labels, FlexStartLabel).
+FLEX_START = "cloud.google.com/gke-flex-start"
 _Work = tuple[str, str, Any]
 
 
@@ -48,9 +54,11 @@ def node_objects(
     name = str(pool.get("name", ""))
     config = pool.get("config") or {}
     machine_type = str(config.get("machineType", ""))
-    count = int(pool.get("initialNodeCount") or 0)
-    # GKE's node count is per zone: a pool in two zones gets initialNodeCount nodes in each.
-    zones = list(pool.get("locations") or []) or [""]
+    per_zone = pool.get(NODES_KEY)
+    if per_zone is None:
+        # GKE's node count is per zone: a pool in two zones gets initialNodeCount nodes in each.
+        count = int(pool.get("initialNodeCount") or 0)
+        per_zone = {zone: count for zone in list(pool.get("locations") or []) or [""]}
     node_labels: dict[str, str] = {
         labels.NODEPOOL: name,
         "node.kubernetes.io/instance-type": machine_type,
@@ -69,8 +77,10 @@ def node_objects(
         capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", labels.TPU_RESOURCE: str(chips)}
         if config.get("spot"):
             node_labels[labels.SPOT] = "true"
+        if config.get("flexStart"):
+            node_labels[FLEX_START] = "true"
     nodes = []
-    for index, zone in enumerate(z for z in zones for _ in range(count)):
+    for index, zone in enumerate(z for z, n in per_zone.items() for _ in range(int(n))):
         node_name = f"gke-{cluster_name}-{name}-{index}"
         zone_label = {"topology.kubernetes.io/zone": zone} if zone else {}
         status: dict[str, Any] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
@@ -160,8 +170,12 @@ class NodeMirror:
         with self.ctx.lock:  # logged under the lock, so it reads before any pod bound to these nodes
             for node in nodes:
                 self.ctx.api.put(node)
+            waiting = not nodes and (pool.get("config") or {}).get("flexStart")
             self.ctx.timeline.add(
-                "nodes", f"pool {pool.get('name')} RUNNING: {len(nodes)} node(s) Ready {topology}".rstrip()
+                "nodes",
+                f"pool {pool.get('name')} RUNNING with no nodes: waiting for flex-start capacity"
+                if waiting
+                else f"pool {pool.get('name')} RUNNING: {len(nodes)} node(s) Ready {topology}".rstrip(),
             )
 
     def _pool_updated(self, pool: Mapping[str, Any]) -> None:

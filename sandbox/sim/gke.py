@@ -6,6 +6,14 @@ adapter reports GKE's "too many operations" (a ``TransientError``), and counted 
 call adds ``latency`` seconds to the calling delivery's virtual duration. When an operation ends the
 pool turns RUNNING (or disappears) and ``on_finished`` is told, which is where the finished-operation
 log entries of a real cluster come from.
+
+With a ``CapacityModel`` on the sim clock (``CapacityModel(sim.clock)``) TPU capacity is scarce the
+way the HTTP emulator makes it (``sandbox.emulators.gke.capacity``): a create is refused at once
+for quota (a ``RejectedError`` with code 403, as the adapter reports GKE's 403) or a reservation
+(404 ``NotFoundError`` / 429 ``TransientError``); a create finishing without the chips leaves the
+pool in ERROR with GKE's stockout text as ``status_message``; a flex-start pool is RUNNING with
+``current_nodes=0`` until its whole slice fits (checked every ``flex_poll`` virtual seconds).
+``stats.placements`` records, per accepted create, the kind and zones it asked for and its outcome.
 """
 
 from __future__ import annotations
@@ -15,9 +23,25 @@ import itertools
 import random
 from collections.abc import Callable
 
+from sandbox.emulators.gke.capacity import (
+    FLEX_START,
+    ON_DEMAND,
+    RESERVATION,
+    SPOT,
+    CapacityModel,
+    Demand,
+)
+from sandbox.emulators.gke.rules import TPU_MACHINES, ApiError
 from sandbox.sim.engine import Simulation
-from shared.core.errors import AlreadyExistsError, NotFoundError, OperationLimitError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    OperationLimitError,
+    RejectedError,
+    TransientError,
+)
 from shared.tpu.nodepools import (
+    STATUS_ERROR,
     STATUS_PROVISIONING,
     STATUS_RUNNING,
     STATUS_STOPPING,
@@ -35,6 +59,43 @@ TOO_MANY_OPERATIONS = (
 
 
 @dataclasses.dataclass
+class Placement:
+    """One accepted create under a capacity model: what it asked for and how it ended."""
+
+    pool: str
+    kind: str  # "on-demand", "spot", "flex-start" or "reservation"
+    zones: tuple[str, ...]
+    # "pending", then "running" or "stockout"; a flex-start pool "waiting", then "obtained" (or
+    # "released" when deleted before it got its nodes)
+    outcome: str = "pending"
+    at: float = 0.0  # virtual time of the latest outcome
+
+
+def demand_for_spec(spec: NodePoolSpec, project: str = "") -> Demand | None:
+    """The capacity a product ``NodePoolSpec`` asks for; None for a non-TPU machine type."""
+    tpu = TPU_MACHINES.get(spec.machine_type)
+    if tpu is None:
+        return None
+    if spec.flex_start:
+        kind = FLEX_START
+    elif spec.reservation is not None:
+        kind = RESERVATION
+    else:
+        kind = SPOT if spec.spot else ON_DEMAND
+    return Demand(
+        pool=spec.name,
+        kind=kind,
+        zones=spec.node_locations,
+        vms=spec.node_count,
+        chips_per_vm=tpu.chips_per_vm,
+        machine_type=spec.machine_type,
+        generation=tpu.generation,
+        project=project,
+        reservation=spec.reservation.value if spec.reservation else "",
+    )
+
+
+@dataclasses.dataclass
 class GkeStats:
     """What the simulated GKE saw."""
 
@@ -43,6 +104,8 @@ class GkeStats:
     wasted: int = 0  # creates answered with the operation-limit error
     deletes: int = 0
     max_in_flight: int = 0
+    refused: int = 0  # creates refused by the capacity model (quota, reservation)
+    placements: list[Placement] = dataclasses.field(default_factory=list)
 
 
 class SimGke:
@@ -56,6 +119,9 @@ class SimGke:
         seed: int = 1,
         latency: float = 0.5,
         on_finished: Callable[[str, str], None] | None = None,
+        capacity: CapacityModel | None = None,
+        project: str = "sim",
+        flex_poll: float = 30.0,
     ) -> None:
         self.sim = sim
         self.op_limit = op_limit
@@ -67,6 +133,11 @@ class SimGke:
         self.running_at: dict[str, float] = {}
         self.in_flight: dict[str, str] = {}  # operation -> pool
         self.stats = GkeStats()
+        self.capacity = capacity
+        self.project = project
+        self.flex_poll = flex_poll
+        self._placement: dict[str, Placement] = {}
+        self._polling = False
         self.spent = 0.0  # virtual seconds of API latency since the delivery started
         self._ops = itertools.count(1)
 
@@ -119,6 +190,7 @@ class SimGke:
         if len(self.in_flight) >= self.op_limit:
             self.stats.wasted += 1
             raise OperationLimitError(self._too_many(cluster))
+        self._admit(cluster, spec)
         self.stats.creates_accepted += 1
         self.pools[spec.name] = NodePoolInfo(
             name=spec.name,
@@ -128,12 +200,25 @@ class SimGke:
             labels=dict(spec.labels),
             node_locations=spec.node_locations,
             tpu_topology=spec.placement.tpu_topology if spec.placement else "",
+            spot=spec.spot,
+            reservation=spec.reservation.value if spec.reservation else "",
+            flex_start=spec.flex_start,
         )
 
         def ready() -> None:
-            if spec.name in self.pools:
-                self.pools[spec.name] = dataclasses.replace(self.pools[spec.name], status=STATUS_RUNNING)
-                self.running_at[spec.name] = self.sim.now
+            if spec.name not in self.pools:
+                return
+            error = self._settle(cluster, spec.name)
+            if error:
+                self.pools[spec.name] = dataclasses.replace(
+                    self.pools[spec.name], status=STATUS_ERROR, status_message=error
+                )
+                return
+            current = 0 if spec.flex_start else None
+            self.pools[spec.name] = dataclasses.replace(
+                self.pools[spec.name], status=STATUS_RUNNING, current_nodes=current
+            )
+            self.running_at[spec.name] = self.sim.now
 
         return self._start(spec.name, ready)
 
@@ -146,9 +231,77 @@ class SimGke:
             raise OperationLimitError(self._too_many(cluster))
         self.stats.deletes += 1
         self.pools[name] = dataclasses.replace(self.pools[name], status=STATUS_STOPPING)
-        return self._start(name, lambda: self.pools.pop(name, None))
+
+        def gone() -> None:
+            self.pools.pop(name, None)
+            if self.capacity is not None:
+                self.capacity.release(f"{cluster}/nodePools/{name}")
+            placement = self._placement.get(name)
+            if placement is not None and placement.outcome in ("waiting", "pending"):
+                placement.outcome, placement.at = "released", self.sim.now
+
+        return self._start(name, gone)
 
     def get_operation(self, operation: str) -> OperationInfo:
         """RUNNING while the operation holds its slot, DONE after."""
         self._call()
         return OperationInfo(name=operation, status="RUNNING" if operation in self.in_flight else "DONE")
+
+    # -- capacity ---------------------------------------------------------------------------------
+
+    def _admit(self, cluster: str, spec: NodePoolSpec) -> None:
+        demand = demand_for_spec(spec, self.project)
+        if self.capacity is None or demand is None:
+            return
+        try:
+            self.capacity.admit(f"{cluster}/nodePools/{spec.name}", demand)
+        except ApiError as err:
+            self.stats.refused += 1
+            # The adapter's translation of the same HTTP answer (shared.cloud.gke._raise_translated).
+            why = f"GKE create node pool {spec.name} in {cluster}: {err.message}"
+            if err.code == 404:
+                raise NotFoundError(why) from err
+            if err.code == 429:
+                raise TransientError(why) from err
+            raise RejectedError(why, err.code) from err
+        placement = Placement(spec.name, demand.kind, demand.zones, at=self.sim.now)
+        self._placement[spec.name] = placement
+        self.stats.placements.append(placement)
+
+    def _settle(self, cluster: str, name: str) -> str:
+        if self.capacity is None:
+            return ""
+        key = f"{cluster}/nodePools/{name}"
+        error = self.capacity.settle(key) or ""
+        placement = self._placement.get(name)
+        if placement is not None:
+            waiting = self.capacity.holding(key) == "waiting"
+            placement.outcome = "stockout" if error else ("waiting" if waiting else "running")
+            placement.at = self.sim.now
+            if waiting:
+                self._grant(cluster)
+        return error
+
+    def _grant(self, cluster: str) -> None:
+        """Give waiting flex-start pools their nodes when the model has room; poll while any wait."""
+        if self.capacity is None:
+            return
+        for key in self.capacity.poll():
+            name = key.rsplit("/nodePools/", 1)[-1]
+            demand = self.capacity.demand(key)
+            if name in self.pools and demand is not None:
+                self.pools[name] = dataclasses.replace(
+                    self.pools[name], current_nodes=demand.vms, node_locations=demand.zones
+                )
+            placement = self._placement.get(name)
+            if placement is not None:
+                placement.outcome, placement.at = "obtained", self.sim.now
+        waiting = any(p.outcome == "waiting" for p in self._placement.values())
+        if waiting and not self._polling:
+            self._polling = True
+
+            def again() -> None:
+                self._polling = False
+                self._grant(cluster)
+
+            self.sim.after(self.flex_poll, again)

@@ -40,11 +40,14 @@ def make_pool(
     disk_type: str = "",
     auto_upgrade: bool = True,
     auto_repair: bool = True,
+    flex_start: bool = False,
 ) -> gke.NodePool:
     """A NodePool message with just the fields the emulator's create rules look at.
 
     Auto-upgrade and auto-repair default to on, which every cluster accepts (the emulator's default
-    cluster is enrolled in a release channel, like a new GKE cluster).
+    cluster is enrolled in a release channel, like a new GKE cluster). ``flex_start`` builds the pool
+    the way the product (``shared.cloud.gke.spec_to_node_pool``) and GKE's examples do: no initial
+    nodes, autoscaling 0..``nodes`` in total with location policy ANY, no reservation, no auto-repair.
     """
     pool = gke.NodePool(
         name=name,
@@ -54,6 +57,19 @@ def make_pool(
         autoscaling=gke.NodePoolAutoscaling(enabled=autoscaling, max_node_count=4 if autoscaling else 0),
         management=gke.NodeManagement(auto_upgrade=auto_upgrade, auto_repair=auto_repair),
     )
+    if flex_start:
+        pool.initial_node_count = 0
+        pool.config.flex_start = True
+        pool.autoscaling = gke.NodePoolAutoscaling(
+            enabled=True,
+            total_min_node_count=0,
+            total_max_node_count=nodes,
+            location_policy=gke.NodePoolAutoscaling.LocationPolicy.ANY,
+        )
+        pool.config.reservation_affinity = gke.ReservationAffinity(
+            consume_reservation_type=gke.ReservationAffinity.Type.NO_RESERVATION
+        )
+        pool.management.auto_repair = False
     if topology or policy_name:
         pool.placement_policy = gke.NodePool.PlacementPolicy(
             type_=gke.NodePool.PlacementPolicy.Type.COMPACT if topology else 0,

@@ -85,9 +85,9 @@ REJECTED = [
         "Auto_upgrade cannot be false when release_channel REGULAR is set.",
     ),
     (
-        "auto-repair-off-on-release-channel",
-        {"auto_repair": False},
-        "Auto_repair cannot be false when release_channel REGULAR is set.",
+        "flex-start-with-spot",
+        {"flex_start": True, "spot": True},
+        "Flex-start cannot be used together with Spot",
     ),
     (
         "pd-balanced-boot-disk-on-v6e",
@@ -148,6 +148,13 @@ ACCEPTED = [
     ),
     ("tpu7x-1t-single-host", {"machine_type": "tpu7x-standard-1t", "nodes": 1, "topology": ""}),
     ("spot-without-reservation", {"spot": True}),
+    # GKE's release-channel rule covers auto-upgrade only; flex-start pools turn auto-repair off.
+    ("auto-repair-off-on-release-channel", {"auto_repair": False}),
+    ("flex-start-multi-host", {"flex_start": True}),
+    (
+        "flex-start-single-host",
+        {"flex_start": True, "machine_type": "ct6e-standard-4t", "nodes": 1, "topology": ""},
+    ),
 ]
 
 
@@ -160,6 +167,61 @@ def test_create_accepts_valid_pools(
     assert operation.operation_type == gke.Operation.Type.CREATE_NODE_POOL
     assert operation.target_link.endswith(f"{GKE_TEST_CLUSTER}/nodePools/{pool.name}")
     assert [p["name"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)] == [pool.name]
+
+
+def _flex(change: Callable[[gke.NodePool], None]) -> gke.NodePool:
+    pool = make_pool(flex_start=True)
+    change(pool)
+    return pool
+
+
+def _specific_reservation(pool: gke.NodePool) -> None:
+    pool.config.reservation_affinity = gke.ReservationAffinity(
+        consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
+        key="compute.googleapis.com/reservation-name",
+        values=["res-1"],
+    )
+
+
+FLEX_REJECTED: list[tuple[str, Callable[[gke.NodePool], None], str]] = [
+    ("specific-reservation", _specific_reservation, "cannot consume a reservation"),
+    ("autoscaling-off", lambda p: setattr(p.autoscaling, "enabled", False), "need autoscaling enabled"),
+    ("preemptible", lambda p: setattr(p.config, "preemptible", True), "Spot or preemptible"),
+    (
+        "total-and-per-zone-max",
+        lambda p: setattr(p.autoscaling, "max_node_count", 4),
+        "node_pool_autoscaling.max_node_count and node_pool_autoscaling.total_max_node_count cannot be both "
+        "greater than zero.",
+    ),
+    (
+        "total-and-per-zone-min",
+        lambda p: (
+            setattr(p.autoscaling, "min_node_count", 1),
+            setattr(p.autoscaling, "total_min_node_count", 1),
+        ),
+        "min_node_count and node_pool_autoscaling.total_min_node_count cannot be both greater than zero",
+    ),
+    (
+        "no-maximum",
+        lambda p: setattr(p.autoscaling, "total_max_node_count", 0),
+        "max_node_count and node_pool_autoscaling.total_max_node_count cannot be both set to zero.",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"), [c[1:] for c in FLEX_REJECTED], ids=[c[0] for c in FLEX_REJECTED]
+)
+def test_create_rejects_invalid_flex_start_pools_with_400(
+    client: gke.ClusterManagerClient,
+    gke_emulator: GkeEmulator,
+    change: Callable[[gke.NodePool], None],
+    needle: str,
+) -> None:
+    with pytest.raises(core.BadRequest) as caught:
+        create(client, _flex(change))
+    assert needle in caught.value.message
+    assert gke_emulator.pools(GKE_TEST_CLUSTER) == []
 
 
 def test_duplicate_pool_is_409(client: gke.ClusterManagerClient) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import signal
 import sys
 import threading
@@ -30,99 +29,25 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 from google.cloud.container_v1.types import cluster_service as cs
 from google.protobuf import json_format
 
+from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.emulators.gke.faults import KINDS, Faults
 from sandbox.emulators.gke.rules import ApiError, invalid
 from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
+from sandbox.emulators.gke.wire import ROUTES, Call, Handler, Server, summarize
 
 __all__ = ["KINDS", "Call", "ClusterSeed", "GkeEmulator", "main"]
 
 _log = logging.getLogger("sandbox.gke")
-_CLUSTER = r"/v1/(projects/[^/]+/locations/[^/]+/clusters/[^/]+)"
-_ROUTES: list[tuple[str, re.Pattern[str], str]] = [
-    ("GET", re.compile(rf"^{_CLUSTER}$"), "get_cluster"),
-    ("GET", re.compile(rf"^{_CLUSTER}/nodePools$"), "list"),
-    ("POST", re.compile(rf"^{_CLUSTER}/nodePools$"), "create"),
-    ("GET", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "get"),
-    ("DELETE", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "delete"),
-    ("PUT", re.compile(rf"^{_CLUSTER}/nodePools/([^/]+)$"), "update"),
-    ("GET", re.compile(r"^/v1/projects/([^/]+)/locations/([^/]+)/operations/([^/]+)$"), "get_operation"),
-]
 _CreateRequestPb: Any = cs.CreateNodePoolRequest.pb()
 _UpdateRequestPb: Any = cs.UpdateNodePoolRequest.pb()
 _ListResponsePb: Any = cs.ListNodePoolsResponse.pb()
-
-
-class Call(NamedTuple):
-    """One request the emulator received: its kind (``create``...), URL path and a short summary."""
-
-    method: str
-    path: str
-    summary: str
-
-
-def _summarize(kind: str, body: bytes) -> str:
-    if kind != "create":
-        return ""
-    try:
-        pool = json.loads(body or b"{}").get("nodePool", {})
-        config, placement = pool.get("config", {}), pool.get("placementPolicy", {})
-        return (
-            f"name={pool.get('name', '')} machineType={config.get('machineType', '')} "
-            f"nodes={pool.get('initialNodeCount', 0)} topology={placement.get('tpuTopology', '')}"
-        )
-    except (ValueError, AttributeError):
-        return "<unparseable body>"
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    emulator: GkeEmulator
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = 10  # a client that connects and never sends must not pin a thread forever
-    status_sent = 0  # the HTTP status of the answer, once sent
-    kind = ""  # the routed method, once known
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Keep the test output quiet; calls are recorded on the emulator instead."""
-
-    def do_GET(self) -> None:
-        """Dispatch a GET."""
-        self.server.emulator._handle(self)
-
-    def do_POST(self) -> None:
-        """Dispatch a POST."""
-        self.server.emulator._handle(self)
-
-    def do_DELETE(self) -> None:
-        """Dispatch a DELETE."""
-        self.server.emulator._handle(self)
-
-    def do_PUT(self) -> None:
-        """Dispatch a PUT."""
-        self.server.emulator._handle(self)
-
-    def send_json(self, code: int, payload: str) -> None:
-        """Write one JSON response and close the exchange."""
-        data = payload.encode()
-        self.status_sent = code
-        # Counted before the client can read the answer, so a test that got it sees it counted.
-        self.server.emulator._count_answer(self.kind, code)
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 class GkeEmulator:
@@ -136,7 +61,8 @@ class GkeEmulator:
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.state = GkeState(list(clusters or []), op_delay=op_delay, clock=clock)
+        self.capacity = CapacityModel(clock)
+        self.state = GkeState(list(clusters or []), op_delay=op_delay, clock=clock, capacity=self.capacity)
         self.faults = Faults()
         self.latency = Latency()
         self.in_flight = InFlight()
@@ -145,7 +71,7 @@ class GkeEmulator:
         self._answers: Counter[tuple[str, int]] = Counter()
         self._calls_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server: _Server | None = None
+        self._server: Server | None = None
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -163,7 +89,7 @@ class GkeEmulator:
         if self._server is not None:
             return self
         self._stopping.clear()
-        server = _Server((self._host, self._port), _Handler)
+        server = Server((self._host, self._port), Handler)
         server.emulator = self
         self._server = server
         self._threads = [
@@ -255,6 +181,33 @@ class GkeEmulator:
         """Make the next creates of ``machine_type`` (None: any) end DONE with a capacity error."""
         self.faults.stockout(machine_type, message, times)
 
+    def set_capacity(
+        self, zone: str, kind: str, chips: int | None, until: float | None = None, then: int | None = None
+    ) -> None:
+        """TPU chips of ``kind`` ("on-demand", "spot", "flex-start") in ``zone`` from now (None:
+        unlimited, the default); with ``until``, ``then`` chips that many seconds from now."""
+        self.capacity.set(zone, kind, chips, until, then)
+
+    def schedule_capacity(self, zone: str, kind: str, steps: list[tuple[float, int | None]]) -> None:
+        """Capacity of ``kind`` in ``zone`` as ``(seconds from now, chips or None)`` steps."""
+        self.capacity.schedule(zone, kind, steps)
+
+    def add_reservation(self, name: str, zone: str, chips: int, project: str = "") -> None:
+        """A specific reservation of ``chips`` TPU chips in ``zone`` (project "": the cluster's)."""
+        self.capacity.add_reservation(name, zone, chips, project)
+
+    def set_quota(self, region: str, generation: str, chips: int | None, preemptible: bool = False) -> None:
+        """Regional Compute quota in TPU chips for ``generation`` ("v5e", "v6e"...; None: unlimited)."""
+        self.capacity.set_quota(region, generation, chips, preemptible)
+
+    def capacity_report(self) -> dict[str, Any]:
+        """Supply and use per zone and kind, reservations, quota and the pools holding capacity."""
+        return self.capacity.report()
+
+    def pool_nodes(self, cluster_path: str, pool: str) -> dict[str, int]:
+        """The pool's current nodes per zone (a flex-start pool has none until it gets its slice)."""
+        return self.state.node_counts(cluster_path, pool)
+
     def clear_faults(self) -> None:
         """Disarm every fault."""
         self.faults.clear()
@@ -309,7 +262,7 @@ class GkeEmulator:
 
     # -- HTTP -----------------------------------------------------------------------------------
 
-    def _handle(self, request: _Handler) -> None:
+    def _handle(self, request: Handler) -> None:
         parsed = urllib.parse.urlsplit(request.path)
         path = urllib.parse.unquote(parsed.path)
         length = int(request.headers.get("Content-Length") or 0)
@@ -317,7 +270,7 @@ class GkeEmulator:
         route = next(
             (
                 (kind, m.groups())
-                for verb, rx, kind in _ROUTES
+                for verb, rx, kind in ROUTES
                 if verb == request.command and (m := rx.match(path))
             ),
             None,
@@ -328,7 +281,7 @@ class GkeEmulator:
         kind, args = route
         request.kind = kind
         with self._calls_lock:
-            self._calls.append(Call(kind, path, _summarize(kind, body)))
+            self._calls.append(Call(kind, path, summarize(kind, body)))
         self.in_flight.enter(kind)
         try:
             latency = self.latency.draw(kind)
@@ -343,7 +296,7 @@ class GkeEmulator:
             with self._calls_lock:
                 self._answers[(kind, status)] += 1
 
-    def _serve(self, request: _Handler, kind: str, args: tuple[str, ...], body: bytes, path: str) -> None:
+    def _serve(self, request: Handler, kind: str, args: tuple[str, ...], body: bytes, path: str) -> None:
         int_enums = "enum-encoding=int" in urllib.parse.unquote(urllib.parse.urlsplit(request.path).query)
         hang = self.faults.take_hang(kind)
         if hang and self._stopping.wait(hang):
@@ -396,7 +349,7 @@ class GkeEmulator:
         return self.state.create_pool(args[0], request.node_pool, self.faults.take_stockout)
 
     @staticmethod
-    def _send_error(request: _Handler, err: ApiError) -> None:
+    def _send_error(request: Handler, err: ApiError) -> None:
         payload = {"error": {"code": err.code, "message": err.message, "status": err.status}}
         request.send_json(err.code, json.dumps(payload))
 

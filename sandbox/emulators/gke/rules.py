@@ -133,7 +133,11 @@ def _check_reservation(config: Any) -> None:
 
 
 def _check_tpu(pool: Any, machine_type: str, tpu: TpuMachine) -> None:
-    count = pool.initial_node_count
+    flex_start = pool.config.flex_start
+    # A flex-start slice is made empty and autoscales to its size, all VMs at once.
+    count = _max_nodes(pool) if flex_start else pool.initial_node_count
+    if count <= 0 and flex_start:
+        raise invalid(f"Flex-start TPU node pool {pool.name!r} needs a positive maximum node count.")
     if count <= 0:
         raise invalid(f"TPU node pool {pool.name!r} needs a positive initial_node_count.")
     placement = pool.placement_policy
@@ -170,7 +174,7 @@ def _check_tpu(pool: Any, machine_type: str, tpu: TpuMachine) -> None:
         )
     if multi_host and not tpu.multi_host:
         raise invalid(f"Machine type {machine_type} does not support multi-host TPU slices.")
-    if multi_host and pool.autoscaling.enabled:
+    if multi_host and pool.autoscaling.enabled and not flex_start:
         raise invalid("Autoscaling is not supported on multi-host TPU slice node pools.")
     if multi_host and len(pool.locations) > 1:
         # GKE's exact text for this refusal was not found; the rule (a slice lives in one zone, and
@@ -188,15 +192,56 @@ def _check_boot_disk(disk_type: str, machine_type: str, tpu: TpuMachine) -> None
 
 
 def _check_management(pool: Any, release_channel: str) -> None:
-    """GKE "Release channels": on an enrolled cluster node auto-upgrade and auto-repair cannot be off."""
-    if not release_channel:
-        return
-    if not pool.management.auto_upgrade:
+    """GKE REST reference, ReleaseChannel: on an enrolled cluster node auto-upgrade cannot be disabled.
+
+    Auto-repair is not restricted there (GKE's own flex-start examples turn it off)."""
+    if release_channel and not pool.management.auto_upgrade:
         # GKE's exact text (quoted in terraform-google-modules/terraform-google-kubernetes-engine PR #682).
         raise invalid(f"Auto_upgrade cannot be false when release_channel {release_channel} is set.")
-    if not pool.management.auto_repair:
-        # No quote of this one was found; it is modelled on the auto-upgrade refusal above.
-        raise invalid(f"Auto_repair cannot be false when release_channel {release_channel} is set.")
+
+
+def _max_nodes(pool: Any) -> int:
+    autoscaling = pool.autoscaling
+    return int(autoscaling.total_max_node_count or autoscaling.max_node_count)
+
+
+def _check_autoscaling(autoscaling: Any) -> None:
+    """container_v1 NodePoolAutoscaling: the per-zone and total_* bounds are mutually exclusive."""
+    if not autoscaling.enabled:
+        return
+    for bound in ("max", "min"):
+        per_zone, total = (
+            getattr(autoscaling, f"{bound}_node_count"),
+            getattr(autoscaling, f"total_{bound}_node_count"),
+        )
+        if per_zone > 0 and total > 0:
+            # GKE's text for the max pair (quoted in a public write-up of a GKE update refusal); the
+            # min pair's wording was not found and follows it.
+            raise invalid(
+                f"node_pool_autoscaling.{bound}_node_count and "
+                f"node_pool_autoscaling.total_{bound}_node_count cannot be both greater than zero."
+            )
+    if autoscaling.max_node_count == 0 and autoscaling.total_max_node_count == 0:
+        # GKE's text (quoted in terraform-google-modules/terraform-google-kubernetes-engine PR #1554).
+        raise invalid(
+            "Node_pool_autoscaling.max_node_count and node_pool_autoscaling.total_max_node_count cannot be "
+            "both set to zero."
+        )
+
+
+def _check_flex_start(pool: Any) -> None:
+    """Flex-start pools (GKE "About flex-start"; XPK's and GKE's examples): autoscaled from zero, on
+    flex-start VMs only (not Spot), never consuming a reservation. GKE's refusal texts for these
+    were not found in the docs; the wording below is the emulator's."""
+    config = pool.config
+    if not config.flex_start:
+        return
+    if config.spot or config.preemptible:
+        raise invalid("Flex-start cannot be used together with Spot or preemptible VMs.")
+    if config.reservation_affinity.consume_reservation_type == RESERVATION_SPECIFIC:
+        raise invalid("Flex-start node pools cannot consume a reservation; use reservation affinity none.")
+    if not pool.autoscaling.enabled:
+        raise invalid("Flex-start node pools need autoscaling enabled (they are created with no nodes).")
 
 
 def _check_spot_reservation(config: Any) -> None:
@@ -239,6 +284,8 @@ def validate_create(pool: Any, cluster_location: str, release_channel: str = "")
         raise invalid("initial_node_count must not be negative.")
     _check_locations(pool, cluster_location)
     _check_management(pool, release_channel)
+    _check_autoscaling(pool.autoscaling)
+    _check_flex_start(pool)
     _check_reservation(pool.config)
     _check_spot_reservation(pool.config)
     machine_type = pool.config.machine_type

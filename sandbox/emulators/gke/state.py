@@ -8,8 +8,6 @@ their delay has elapsed, and applies the operation's effect on the pool at DONE.
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import functools
 import itertools
 import logging
@@ -19,111 +17,47 @@ from collections.abc import Callable
 from typing import Any
 
 from google.cloud.container_v1.types import cluster_service as cs
-from google.protobuf import json_format
 
-from sandbox.emulators.gke.rules import (
-    ApiError,
-    PolicyLookup,
-    check_placement_policy,
-    region_of,
-    validate_create,
+from sandbox.emulators.gke.capacity import CapacityModel
+from sandbox.emulators.gke.operations import (
+    API_BASE,
+    OP_METHODS,
+    Operation,
+    now_rfc3339,
+    operation_message,
+    to_dict,
 )
+from sandbox.emulators.gke.pool_capacity import PoolCapacity
+from sandbox.emulators.gke.rules import ApiError, PolicyLookup, check_placement_policy, validate_create
+from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.emulators.gke.timing import Draw
 
 _log = logging.getLogger("sandbox.gke")
 
-API_BASE = "https://container.googleapis.com/v1"
 NodePoolPb: Any = cs.NodePool.pb()
 ClusterPb: Any = cs.Cluster.pb()
-OperationPb: Any = cs.Operation.pb()
 
 PoolReadyHook = Callable[[str, dict[str, Any]], None]
 PoolDeletedHook = Callable[[str, str], None]
 PoolUpdatedHook = Callable[[str, dict[str, Any]], None]
 
 
-def _now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def to_dict(message: Any) -> dict[str, Any]:
-    """A protobuf message as the camelCase JSON dict GKE would send (string enums)."""
-    result: dict[str, Any] = json_format.MessageToDict(message)
-    return result
-
-
-# Operation type -> the API method GKE's audit log names for it.
-_OP_METHODS = {
-    cs.Operation.Type.CREATE_NODE_POOL: "CreateNodePool",
-    cs.Operation.Type.DELETE_NODE_POOL: "DeleteNodePool",
-    cs.Operation.Type.UPGRADE_NODES: "UpdateNodePool",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterSeed:
-    """A cluster the emulator knows from the start (clusters are never created through it)."""
-
-    project: str
-    location: str
-    name: str
-    endpoint: str = "127.0.0.1"
-    ca_certificate_b64: str = ""
-    locations: tuple[str, ...] = ()
-    # New GKE clusters are enrolled in REGULAR by default; "" seeds a cluster outside release channels.
-    release_channel: str = "REGULAR"
-
-    @property
-    def path(self) -> str:
-        """The resource path ``projects/P/locations/L/clusters/C``."""
-        return f"projects/{self.project}/locations/{self.location}/clusters/{self.name}"
-
-    @classmethod
-    def from_path(
-        cls,
-        path: str,
-        endpoint: str = "127.0.0.1",
-        ca_certificate_b64: str = "",
-        locations: tuple[str, ...] = (),
-        release_channel: str = "REGULAR",
-    ) -> ClusterSeed:
-        """Build a seed from ``projects/P/locations/L/clusters/C``; zones default to the location's zone."""
-        parts = path.strip("/").split("/")
-        if len(parts) != 6 or parts[0] != "projects" or parts[2] != "locations" or parts[4] != "clusters":
-            raise ValueError(f"not a cluster path: {path!r}")
-        location = parts[3]
-        if not locations:
-            locations = (location,) if region_of(location) != location else (f"{location}-a",)
-        return cls(
-            parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations), release_channel
-        )
-
-
-@dataclasses.dataclass
-class _Operation:
-    op_id: str
-    cluster: ClusterSeed
-    op_type: int
-    pool: str
-    started: float
-    delay: float
-    start_time: str
-    error: str = ""
-    done: bool = False
-    end_time: str = ""
-
-
 class GkeState:
     """Clusters, pools and operations; every public method is thread-safe."""
 
     def __init__(
-        self, clusters: list[ClusterSeed], op_delay: float = 0.5, clock: Callable[[], float] = time.monotonic
+        self,
+        clusters: list[ClusterSeed],
+        op_delay: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        capacity: CapacityModel | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._clock = clock
+        self.capacity = PoolCapacity(capacity or CapacityModel(clock))
         self._clusters = {seed.path: seed for seed in clusters}
         self._pools: dict[str, dict[str, Any]] = {seed.path: {} for seed in clusters}
-        self._ops: dict[str, _Operation] = {}
+        self._ops: dict[str, Operation] = {}
         self._busy: dict[tuple[str, str], str] = {}  # (cluster, pool) -> running operation id
         self._op_ids = itertools.count(1)
         self._op_delay = op_delay
@@ -255,7 +189,12 @@ class GkeState:
             op = self._ops.get(op_id)
             if op is None or op.cluster.project != project or op.cluster.location != location:
                 raise ApiError(404, "NOT_FOUND", f"Not found: operation {op_id}.")
-            return self._operation_message(op)
+            return operation_message(op, self._clock())
+
+    def node_counts(self, path: str, name: str) -> dict[str, int]:
+        """The pool's current nodes per zone (emulator-internal: GKE's NodePool has no such field)."""
+        self.advance()
+        return self.capacity.nodes(f"{path}/nodePools/{name}")
 
     def pools_json(self, path: str) -> list[dict[str, Any]]:
         """The cluster's pools as JSON dicts (for tests and the sandbox)."""
@@ -282,6 +221,7 @@ class GkeState:
             stored.status = cs.NodePool.Status.PROVISIONING
             stored.self_link = f"{API_BASE}/{path}/nodePools/{pool.name}"
             stored.version = "1.31.1-gke.1000000"
+            self.capacity.admit(f"{path}/nodePools/{pool.name}", stored, seed.project)
             op = self._start(seed, cs.Operation.Type.CREATE_NODE_POOL, pool.name)
             op.error = stockout(stored.config.machine_type) or ""
             if op.error:
@@ -336,6 +276,7 @@ class GkeState:
             for op in self._ops.values():
                 if not op.done and now - op.started >= op.delay:
                     fired.extend(self._finish(op))
+            fired.extend(self._grant_flex_start())
         for hook in fired:
             try:
                 hook()
@@ -350,11 +291,11 @@ class GkeState:
         clone.CopyFrom(message)
         return clone
 
-    def _after_start(self, op: _Operation) -> Any:
+    def _after_start(self, op: Operation) -> Any:
         # With no delay the operation is already DONE when the call returns (hooks included).
         self.advance()
         with self._lock:
-            return self._operation_message(op)
+            return operation_message(op, self._clock())
 
     def _check_compatible(self, path: str, pool: str) -> None:
         running = self._busy.get((path, pool))
@@ -375,68 +316,59 @@ class GkeState:
                     f"operations quota {self._op_limit}, please try again later.",
                 )
 
-    def _start(self, seed: ClusterSeed, op_type: int, pool: str) -> _Operation:
+    def _start(self, seed: ClusterSeed, op_type: int, pool: str) -> Operation:
         op_id = f"operation-{next(self._op_ids)}"
         delay = max(0.0, self._op_duration()) if self._op_duration is not None else self._op_delay
-        op = _Operation(op_id, seed, op_type, pool, self._clock(), delay, _now_rfc3339())
+        op = Operation(op_id, seed, op_type, pool, self._clock(), delay, now_rfc3339())
         self._ops[op_id] = op
         self._busy[(seed.path, pool)] = op_id
         return op
 
-    def _finish(self, op: _Operation) -> list[Callable[[], None]]:
+    def _finish(self, op: Operation) -> list[Callable[[], None]]:
         hooks = self._finish_pool(op)
-        method = _OP_METHODS.get(op.op_type)
+        method = OP_METHODS.get(op.op_type)
         if method:
             path = op.cluster.path
             hooks += [functools.partial(h, path, op.pool, method, op.error) for h in self._op_hooks]
         return hooks
 
-    def _finish_pool(self, op: _Operation) -> list[Callable[[], None]]:
+    def _finish_pool(self, op: Operation) -> list[Callable[[], None]]:
         op.done = True
-        op.end_time = _now_rfc3339()
+        op.end_time = now_rfc3339()
         path = op.cluster.path
         self._busy.pop((path, op.pool), None)
         pool = self._pools[path].get(op.pool)
         if pool is None:
             return []
+        key = f"{path}/nodePools/{op.pool}"
         if op.op_type == cs.Operation.Type.DELETE_NODE_POOL:
             del self._pools[path][op.pool]
+            self.capacity.deleted(key)
             name = op.pool
             return [functools.partial(hook, path, name) for hook in self._deleted_hooks]
         if op.op_type == cs.Operation.Type.UPGRADE_NODES:
             pool.status = cs.NodePool.Status.RUNNING
-            updated = to_dict(pool)
+            updated = self.capacity.snapshot(key, to_dict(pool))
             return [functools.partial(hook, path, dict(updated)) for hook in self._updated_hooks]
+        if op.error:
+            self.capacity.failed(key)
+        else:
+            op.error = self.capacity.created(key, pool)
         if op.error:
             pool.status = cs.NodePool.Status.ERROR
             pool.status_message = op.error
             return []
         pool.status = cs.NodePool.Status.RUNNING
-        snapshot = to_dict(pool)
+        snapshot = self.capacity.snapshot(key, to_dict(pool))
         return [functools.partial(hook, path, dict(snapshot)) for hook in self._ready_hooks]
 
-    def _operation_message(self, op: _Operation) -> Any:
-        seed = op.cluster
-        if op.done:
-            status = cs.Operation.Status.DONE
-        elif self._clock() - op.started < op.delay * 0.2:
-            status = cs.Operation.Status.PENDING
-        else:
-            status = cs.Operation.Status.RUNNING
-        message = OperationPb(
-            name=op.op_id,
-            location=seed.location,
-            operation_type=op.op_type,
-            status=status,
-            self_link=f"{API_BASE}/projects/{seed.project}/locations/{seed.location}/operations/{op.op_id}",
-            target_link=f"{API_BASE}/{seed.path}/nodePools/{op.pool}",
-            start_time=op.start_time,
-            end_time=op.end_time,
-        )
-        if region_of(seed.location) != seed.location:
-            message.zone = seed.location
-        if op.done and op.error:
-            message.status_message = op.error
-            message.error.code = 8  # RESOURCE_EXHAUSTED, as GKE reports stockouts
-            message.error.message = op.error
-        return message
+    def _grant_flex_start(self) -> list[Callable[[], None]]:
+        # A flex-start pool that just got its whole slice: the ready hooks see it again, now with nodes.
+        hooks: list[Callable[[], None]] = []
+        for key in self.capacity.poll():
+            path, name = key.split("/nodePools/", 1)
+            pool = self._pools.get(path, {}).get(name)
+            if pool is not None:
+                snapshot = self.capacity.snapshot(key, to_dict(pool))
+                hooks += [functools.partial(hook, path, dict(snapshot)) for hook in self._ready_hooks]
+        return hooks
