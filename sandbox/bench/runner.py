@@ -27,6 +27,7 @@ from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench import waves as bench_waves
 from sandbox.bench.procs import REFERENCE_TARGET
+from sandbox.sim import stockout as sim_stockout
 
 COLD_START_MAX_SECONDS = 0.8
 COLD_START_MAX_FRACTION_OF_REFERENCE = 1 / 3
@@ -121,6 +122,40 @@ def _wave_targets(waves: list[Any]) -> list[dict[str, Any]]:
             _target(f"wasted creates (429), {name}", r.wasted, r.waves, "calls", ok=r.wasted <= r.waves)
         )
     return out
+
+
+def _stockout_dict(result: sim_stockout.StockoutResult) -> dict[str, Any]:
+    return {
+        "policy": result.config.policy,
+        "outage_minutes": result.config.outage_minutes,
+        "creates": result.creates,
+        "creates_first_hour": result.creates_first_hour,
+        "landed_minutes": None if result.landed_at is None else round(result.landed_at / 60, 1),
+        "attempts": list(result.kinds),
+        "landed_on": list(result.landed_on),
+    }
+
+
+def _stockout_targets(
+    fallback: sim_stockout.StockoutResult, backoff: sim_stockout.StockoutResult
+) -> list[dict[str, Any]]:
+    landed = fallback.landed_on == ("on-demand",)
+    back_in = (
+        math.inf if backoff.landed_at is None else backoff.landed_at / 60 - backoff.config.outage_minutes
+    )
+    return [
+        _target(
+            "stockout with fallback: creates until on-demand runs",
+            fallback.creates,
+            2,
+            "calls",
+            ok=landed and fallback.creates <= 2,
+        ),
+        _target(
+            "stockout without fallback: creates in the first hour", backoff.creates_first_hour, 6, "calls"
+        ),
+        _target("stockout without fallback: landed after capacity returned", back_in, 45, "min"),
+    ]
 
 
 def _handover_targets(result: bench_handover.HandoverResult) -> list[dict[str, Any]]:
@@ -244,6 +279,13 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
                 "without_finished_operations": bench_waves.as_dict(without),
             }
             targets += _wave_targets(waves)
+            say("simulation: Spot stocked out for 20 min (60 min without fallback), in virtual time")
+            fallback = sim_stockout.run(
+                sim_stockout.StockoutConfig(policy="spot, on-demand", select_spot=False)
+            )
+            backoff = sim_stockout.run(sim_stockout.StockoutConfig(outage_minutes=60, horizon_hours=8))
+            report["stockout"] = {"fallback": _stockout_dict(fallback), "backoff": _stockout_dict(backoff)}
+            targets += _stockout_targets(fallback, backoff)
         report["targets"] = targets
         report["all_met"] = all(t["met"] for t in targets)
         return report

@@ -69,6 +69,7 @@ class Placement:
     # "released" when deleted before it got its nodes)
     outcome: str = "pending"
     at: float = 0.0  # virtual time of the latest outcome
+    asked: float = 0.0  # virtual time the create was accepted
 
 
 def demand_for_spec(spec: NodePoolSpec, project: str = "") -> Demand | None:
@@ -264,7 +265,7 @@ class SimGke:
             if err.code == 429:
                 raise TransientError(why) from err
             raise RejectedError(why, err.code) from err
-        placement = Placement(spec.name, demand.kind, demand.zones, at=self.sim.now)
+        placement = Placement(spec.name, demand.kind, demand.zones, at=self.sim.now, asked=self.sim.now)
         self._placement[spec.name] = placement
         self.stats.placements.append(placement)
 
