@@ -82,6 +82,15 @@ class Fallback:
             self.recycle(jobset, pool, failure)
         return failure
 
+    def quota_refused(
+        self, request: SliceRequest, jobset: dict[str, Any], spec: NodePoolSpec, reason: str
+    ) -> backoff.Failure:
+        """GKE refused this attempt's create for quota (no pool was made): record a new attempt."""
+        keys = [o.key for o in self.options(request, jobset)]
+        return self.backoff.observe(
+            jobset, spec.name, reason, pool_made=False, tried=capacity.key_of_spec(spec), options=keys
+        )
+
     def observe_owned(self, jobset: dict[str, Any], pool: NodePoolInfo) -> backoff.Failure:
         """Reconcile's sighting of an ERROR pool (no pod at hand: the JobSet's template decides)."""
         rjob = pool.labels.get(labels.OWNER_REPLICATED_JOB, "")

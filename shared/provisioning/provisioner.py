@@ -35,14 +35,16 @@ from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.requests import (
     Create,
     create_why,
+    deferral,
     group_incomplete,
+    guardrail,
     jobset_ref,
     label_problem,
     managed_chips,
     pod_created_at,
     pod_ref,
 )
-from shared.tpu import capacity, catalog
+from shared.tpu import catalog
 from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -151,7 +153,7 @@ class Provisioner:
             spec, shape = build_node_pool(self.settings, request, self.cluster())
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc)
-        refusal = label_problem(spec) or self._guardrail(request, shape.total_chips)
+        refusal = label_problem(spec) or guardrail(self.settings, request, shape.total_chips)
         if refusal:
             return self._refuse(pod, refusal, slice_desc, spec.name)
 
@@ -325,7 +327,7 @@ class Provisioner:
             self.kube.record_event(jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
             self.kube.record_event(pod_ref(pod), labels.REASON_REQUESTED, message)
         if failures or result.unsent:
-            self._defer(pod, wanted, outcomes, failures, result.unsent, result.stopped)
+            self._defer(wanted, outcomes, failures, result.unsent, result.stopped)
         return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
 
     def _created(
@@ -346,10 +348,7 @@ class Provisioner:
         if isinstance(error, RejectedError) and backoff.is_quota_error(error.why):
             # Out of quota is a scarce resource like a stockout: the slice falls back or backs off the
             # same way. No pool was made, so a fallback is sent by the redelivery this raises.
-            keys = [o.key for o in self.fallback.options(item.request, jobset)]
-            failure = self.backoff.observe(
-                jobset, spec.name, error.why, pool_made=False, tried=capacity.key_of_spec(spec), options=keys
-            )
+            failure = self.fallback.quota_refused(item.request, jobset, spec, error.why)
             why = f"GKE refused pool {spec.name} for quota (attempt {failure.attempts}): {error.why}"
             if failure.next:
                 why += f"; falling back to {failure.next}"
@@ -386,7 +385,6 @@ class Provisioner:
 
     def _defer(
         self,
-        pod: dict[str, Any],
         wanted: list[Create],
         outcomes: dict[str, Outcome],
         failures: list[TransientError],
@@ -395,15 +393,11 @@ class Provisioner:
     ) -> None:
         """Some creates of the group are left for redelivery: log it and raise so that it comes."""
         accepted = sum(1 for o in outcomes.values() if o.result in (CREATED, EXISTS))
-        left = len(unsent) + len(failures)
-        reason = stopped or failures[0].why
-        why = (
-            f"{accepted} of {len(wanted)} pools of the replicated job requested, {left} left for "
-            f"redelivery: {reason}"
+        error = deferral(len(wanted), accepted, failures, len(unsent), stopped)
+        logs.decision(
+            log, "provision.deferred", error.why, logging.WARNING, sent=len(outcomes) + len(failures)
         )
-        logs.decision(log, "provision.deferred", why, logging.WARNING, sent=len(outcomes) + len(failures))
-        limited = any(isinstance(f, OperationLimitError) for f in failures)
-        raise (OperationLimitError if limited else TransientError)(why)
+        raise error
 
     # -- GKE's operation slots -----------------------------------------------------------------------
 
@@ -420,19 +414,6 @@ class Provisioner:
         return slots.resume(self, pool)
 
     # -- helpers ----------------------------------------------------------------------------------
-
-    def _guardrail(self, request: SliceRequest, chips: int) -> str:
-        s = self.settings
-        ns = request.slice_id.namespace
-        if s.drain:
-            return "drain mode is on: no node pools are created"
-        if s.namespace_allowlist and ns not in s.namespace_allowlist:
-            return f"namespace {ns!r} is not in NAMESPACE_ALLOWLIST"
-        if s.allowed_accelerators and request.accelerator not in s.allowed_accelerators:
-            return f"accelerator {request.accelerator!r} is not in ALLOWED_ACCELERATORS"
-        if chips > s.max_chips_per_slice:
-            return f"slice of {chips} chips exceeds MAX_CHIPS_PER_SLICE {s.max_chips_per_slice}"
-        return ""
 
     def _refuse(self, pod: dict[str, Any], why: str, slice_desc: str, pool: str = "") -> Outcome:
         self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)

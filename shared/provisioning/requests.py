@@ -8,7 +8,9 @@ import re
 from typing import Any
 
 from shared.core import labels
+from shared.core.errors import OperationLimitError, TransientError
 from shared.core.names import label_key_problem, label_value_problem
+from shared.core.settings import Settings
 from shared.tpu import catalog
 from shared.tpu.jobsets import pod_jobset_value
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo, NodePoolSpec
@@ -113,3 +115,31 @@ def pod_created_at(pod: dict[str, Any]) -> float | None:
         return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
     except ValueError:
         return None
+
+
+def guardrail(s: Settings, request: SliceRequest, chips: int) -> str:
+    """Why the settings forbid creating this slice ("" when they allow it)."""
+    ns = request.slice_id.namespace
+    if s.drain:
+        return "drain mode is on: no node pools are created"
+    if s.namespace_allowlist and ns not in s.namespace_allowlist:
+        return f"namespace {ns!r} is not in NAMESPACE_ALLOWLIST"
+    if s.allowed_accelerators and request.accelerator not in s.allowed_accelerators:
+        return f"accelerator {request.accelerator!r} is not in ALLOWED_ACCELERATORS"
+    if chips > s.max_chips_per_slice:
+        return f"slice of {chips} chips exceeds MAX_CHIPS_PER_SLICE {s.max_chips_per_slice}"
+    return ""
+
+
+def deferral(
+    wanted: int, accepted: int, failures: list[TransientError], unsent: int, stopped: str
+) -> TransientError:
+    """The error that sends a partly requested group back for redelivery (OperationLimitError when
+    GKE's operation limit stopped it, so the caller's retry policy can tell)."""
+    reason = stopped or failures[0].why
+    left = unsent + len(failures)
+    why = (
+        f"{accepted} of {wanted} pools of the replicated job requested, {left} left for redelivery: {reason}"
+    )
+    limited = any(isinstance(f, OperationLimitError) for f in failures)
+    return (OperationLimitError if limited else TransientError)(why)
