@@ -111,13 +111,20 @@ def owner_state(pool: NodePoolInfo, jobset: Mapping[str, Any] | None) -> str:
 
 
 def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) -> str:
-    """On-demand, spot, flex-start or reservation:<name>, from the pool's and its nodes' labels."""
+    """On-demand, spot, flex-start or reservation:<name>: what GKE says of the pool, else its and its
+    nodes' labels (a capacity-policy fallback makes pools of capacity the pods did not select)."""
+    if pool.reservation:
+        return f"reservation:{pool.reservation}"
+    if pool.spot:
+        return "spot"
+    if pool.flex_start:
+        return "flex-start"
     for source in (pool.labels, *node_labels):
         if source.get(labels.RESERVATION_NAME):
             return f"reservation:{source[labels.RESERVATION_NAME]}"
         if str(source.get(labels.SPOT, "")).lower() == "true":
             return "spot"
-        if str(source.get("cloud.google.com/gke-flex-start", "")).lower() == "true":
+        if str(source.get(labels.FLEX_START, "")).lower() == "true":
             return "flex-start"
     return "on-demand"
 

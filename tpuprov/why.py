@@ -7,12 +7,14 @@ derived name and the product's Events, so the answer and the product's behaviour
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
+from shared.provisioning import backoff
 from shared.tpu import catalog
 from shared.tpu.jobsets import condition, jobset_problem
 from shared.tpu.nodepools import NodePoolInfo
@@ -45,7 +47,31 @@ def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
     return "Latest Events: " + "; ".join(parts) + "."
 
 
-def _pool_sentence(pool: NodePoolInfo, nodes_ready: int) -> str:
+def _failed_sentence(pool: NodePoolInfo, jobset: Mapping[str, Any] | None, settings: Settings) -> str:
+    failure = backoff.failures(dict(jobset) if jobset else None).get(pool.name)
+    head = f"GKE could not create its pool {pool.name}: {pool.status_message or 'status ERROR'}."
+    if failure is None:
+        return f"{head} The next provision or reconcile run records the failure and decides what comes next."
+    if failure.next:
+        return (
+            f"{head} Attempt {failure.attempts} used {failure.option}; the capacity policy falls back to "
+            f"{failure.next}: the failed pool is deleted and the slice requested again on it."
+        )
+    wait = max(0.0, backoff.retry_at(settings, failure) - time.time())
+    return (
+        f"{head} Attempt {failure.attempts} failed and no other capacity is allowed, so the slice backs off: "
+        f"the failed pool is deleted and the slice requested again in about {backoff.describe(wait)}."
+    )
+
+
+def _pool_sentence(
+    pool: NodePoolInfo, nodes_ready: int, jobset: Mapping[str, Any] | None, settings: Settings
+) -> str:
+    if pool.status == "RUNNING" and pool.flex_start and nodes_ready == 0:
+        return (
+            f"Its flex-start pool {pool.name} exists and waits for GKE to obtain the slice's "
+            f"{pool.node_count} VMs; the pods land as soon as the nodes register (no retry is needed)."
+        )
     if pool.status == "RUNNING":
         return (
             f"Its pool {pool.name} ({pool.machine_type} x {pool.node_count}) is RUNNING with "
@@ -58,11 +84,7 @@ def _pool_sentence(pool: NodePoolInfo, nodes_ready: int) -> str:
             f"multi-host TPU pools take minutes."
         )
     if pool.status == "ERROR":
-        return (
-            f"GKE could not create its pool {pool.name}: {pool.status_message or 'status ERROR'}. "
-            f"The reconcile sweep deletes the failed pool and requests the slice again on its next run "
-            f"(every 5 minutes)."
-        )
+        return _failed_sentence(pool, jobset, settings)
     if pool.status == "STOPPING":
         return f"Its pool {pool.name} is being deleted; the slice is requested again once it is gone."
     return f"Its pool {pool.name} is {pool.status}."
@@ -148,4 +170,4 @@ def explain(
             for c in (n.get("status") or {}).get("conditions") or []
         )
     )
-    return f"{who}: {needs} {_pool_sentence(pool, ready)} {tail}"
+    return f"{who}: {needs} {_pool_sentence(pool, ready, jobset, settings)} {tail}"
