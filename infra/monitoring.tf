@@ -77,7 +77,7 @@ locals {
         # means a refusal worded differently (a slice shape the catalog rejects, for instance).
         reason = {
           description = "Which guardrail refused: the setting or rule named in the refusal message."
-          extractor   = "REGEXP_EXTRACT(jsonPayload.message, \"(drain mode|NAMESPACE_ALLOWLIST|ALLOWED_ACCELERATORS|MAX_CHIPS_PER_SLICE|chip budget|cannot label|TPU7X_WORKLOAD_POLICY|NODE_LOCATIONS|JobSet|TPU topology|TPU accelerator|machine type|google.com/tpu|nodeSelector|reserved for ownership)\")"
+          extractor   = "REGEXP_EXTRACT(jsonPayload.message, \"(drain mode|NAMESPACE_ALLOWLIST|ALLOWED_ACCELERATORS|MAX_CHIPS_PER_SLICE|chip budget|cannot label|workload policy|capacity policy|CAPACITY_POLICY|flex-start|Spot VMs|NODE_LOCATIONS|JobSet|TPU topology|TPU accelerator|machine type|google.com/tpu|nodeSelector|reserved for ownership)\")"
         }
       }
     }
@@ -93,11 +93,12 @@ locals {
         }
       }
     }
-    # A pool GKE accepted but could not provision ends in status ERROR; reconcile deletes it so the
-    # slice can be requested again and logs release.deleted "GKE could not provision it: <status>".
+    # A pool GKE accepted but could not provision ends in status ERROR; the first function to see it
+    # records the attempt on the JobSet and logs backoff.failed once per attempt, with the capacity
+    # option it used and the one the capacity policy falls back to ("" = backing off).
     gke_stockouts = {
-      description     = "Pools that failed to provision for lack of capacity in the zone (recycled by reconcile)."
-      filter          = "jsonPayload.event=\"release.deleted\" AND jsonPayload.message:\"GKE could not provision it\" AND ${local.stockout_text}"
+      description     = "Failed attempts for lack of capacity in the zone (one per attempt, whoever saw it)."
+      filter          = "jsonPayload.event=\"backoff.failed\" AND ${local.stockout_text}"
       value_type      = "INT64"
       value_extractor = ""
       labels = {
@@ -106,8 +107,24 @@ locals {
           extractor   = "EXTRACT(jsonPayload.jobset)"
         }
         zone = {
-          description = "Zone named in GKE's status message."
-          extractor   = "REGEXP_EXTRACT(jsonPayload.message, \"zones/([a-z0-9-]+)\")"
+          description = "Zone of the failed attempt (from its capacity option, e.g. spot@us-east5-b)."
+          extractor   = "REGEXP_EXTRACT(jsonPayload.option, \"@([a-z0-9-]+)\")"
+        }
+        capacity = {
+          description = "Capacity type of the failed attempt: on-demand, spot, flex-start or reservation."
+          extractor   = "REGEXP_EXTRACT(jsonPayload.option, \"^([a-z-]+)\")"
+        }
+      }
+    }
+    capacity_fallbacks = {
+      description     = "Failed attempts the capacity policy moved to other capacity at once (no backoff)."
+      filter          = "jsonPayload.event=\"backoff.failed\" AND jsonPayload.next:\"@\""
+      value_type      = "INT64"
+      value_extractor = ""
+      labels = {
+        to = {
+          description = "The option tried next, e.g. on-demand@us-east5-b."
+          extractor   = "EXTRACT(jsonPayload.next)"
         }
       }
     }

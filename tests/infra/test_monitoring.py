@@ -45,7 +45,6 @@ EXTERNAL_TEXT = {
     "does not have enough resources",
     "stockout",
     "resource_pool_exhausted",
-    "zones/",
     "quota",
     "exceeded",
     "insufficient quota",
@@ -559,6 +558,10 @@ STOCKOUT = (
     "(reconcile sweep)"
 )
 POOL = {"pool": "tpu-train-workers-0-1a2b3c4d", "jobset": "team-a/train"}
+FAILED_ATTEMPT = (
+    "pool tpu-train-workers-0-1a2b3c4d failed (attempt 1): ZONE_RESOURCE_POOL_EXHAUSTED: The zone "
+    "'us-central2-b' does not have enough resources available to fulfill the request."
+)
 MATCHES: list[tuple[str, Line, dict[str, str]]] = [
     (
         "pools_requested",
@@ -640,8 +643,23 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
     ),
     (
         "gke_stockouts",
-        Line("reconcile", "release.deleted", STOCKOUT, POOL),
-        {"jobset": "team-a/train", "zone": "us-central2-b"},
+        Line(
+            "reconcile",
+            "backoff.failed",
+            FAILED_ATTEMPT,
+            {**POOL, "option": "spot@us-central2-b", "next": ""},
+        ),
+        {"jobset": "team-a/train", "zone": "us-central2-b", "capacity": "spot"},
+    ),
+    (
+        "capacity_fallbacks",
+        Line(
+            "provision",
+            "backoff.failed",
+            FAILED_ATTEMPT,
+            {**POOL, "option": "spot@us-central2-b", "next": "on-demand@us-central2-b"},
+        ),
+        {"to": "on-demand@us-central2-b"},
     ),
     (
         "gke_quota_errors",
@@ -723,9 +741,20 @@ MISSES: list[tuple[str, Line]] = [
         "gke_stockouts",
         Line(
             "reconcile",
-            "release.deleted",
-            "deleting x: GKE could not provision it: Insufficient quota (reconcile sweep)",
-            POOL,
+            "backoff.failed",
+            "pool x failed (attempt 2): Insufficient quota to satisfy the request",
+            {**POOL, "option": "on-demand@us-central2-b", "next": ""},
+        ),
+    ),
+    # The sweep's delete of a failed pool is not a second stockout: the attempt was counted once.
+    ("gke_stockouts", Line("reconcile", "release.deleted", STOCKOUT, POOL)),
+    (
+        "capacity_fallbacks",
+        Line(
+            "reconcile",
+            "backoff.failed",
+            FAILED_ATTEMPT,
+            {**POOL, "option": "spot@us-central2-b", "next": ""},
         ),
     ),
     (
