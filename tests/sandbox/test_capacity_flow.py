@@ -38,8 +38,8 @@ from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
 
-ZONE_A, ZONE_B = "us-east5-b", "us-east5-a"  # the cluster's zones, in NODE_LOCATIONS order
-TWO_ZONES = dataclasses.replace(FAST, cluster_zones=(ZONE_A, ZONE_B))
+FIRST_ZONE, SECOND_ZONE = "us-east5-b", "us-east5-a"  # the cluster's zones, in NODE_LOCATIONS order
+TWO_ZONES = dataclasses.replace(FAST, cluster_zones=(FIRST_ZONE, SECOND_ZONE))
 KINDS = ("on-demand", "spot", "flex-start")
 
 
@@ -54,7 +54,7 @@ def stack() -> Iterator[Stack]:
 def unlimited_capacity_after(stack: Stack) -> Iterator[None]:
     """Each scenario starts with unlimited capacity, whatever the previous one left."""
     yield
-    for zone in (ZONE_A, ZONE_B):
+    for zone in (FIRST_ZONE, SECOND_ZONE):
         for kind in KINDS:
             stack.gke.set_capacity(zone, kind, None)
 
@@ -87,9 +87,9 @@ def _failure_record(stack: Stack, name: str) -> dict[str, Any]:
 def _running_pool(stack: Stack, name: str, timeout: float = 20.0) -> dict[str, Any]:
     """The JobSet's single pool once GKE reports it RUNNING (as GKE JSON)."""
 
-    def running() -> dict[str, Any] | None:
+    def running() -> dict[str, Any]:  # {} (falsy) until then
         pools = [p for p in owned_pools(stack, name) if p.get("status") == "RUNNING"]
-        return pools[0] if pools else None
+        return pools[0] if pools else {}
 
     return stack.wait_for(running, timeout, f"a RUNNING pool of {name}")
 
@@ -106,7 +106,7 @@ def _finish(stack: Stack, name: str, timeout: float = 30.0, reconcile: bool = Fa
 
 
 def test_a_spot_stockout_falls_back_to_on_demand_at_once(stack: Stack) -> None:
-    stack.gke.set_capacity(ZONE_A, "spot", 0)  # no Spot TPUs in the slice's zone, all along
+    stack.gke.set_capacity(FIRST_ZONE, "spot", 0)  # no Spot TPUs in the slice's zone, all along
     with PoolWatch(stack) as watch:
         submit(
             stack,
@@ -138,21 +138,21 @@ def test_a_spot_stockout_falls_back_to_on_demand_at_once(stack: Stack) -> None:
     assert retried_at - stockout_at < 2.0, f"on-demand create {retried_at - stockout_at:.1f} s after stockout"
     # What kubectl describe shows on the JobSet: the stockout and the fallback, no wait.
     failed = _messages(events_about(stack, labels.REASON_FAILED, "fallback"), "JobSet")
-    assert failed and all(f"falling back to on-demand@{ZONE_A} now" in m for m in failed), failed
+    assert failed and all(f"falling back to on-demand@{FIRST_ZONE} now" in m for m in failed), failed
     assert any("ZONE_RESOURCE_POOL_EXHAUSTED" in m for m in failed), failed
     assert not any("retrying in" in m for m in failed), failed
     # The failure record on the JobSet (no reconcile ran to forget it): what failed, what came next.
     assert {k: record[name].get(k) for k in ("attempts", "option", "next")} == {
         "attempts": 1,
-        "option": f"spot@{ZONE_A}",
-        "next": f"on-demand@{ZONE_A}",
+        "option": f"spot@{FIRST_ZONE}",
+        "next": f"on-demand@{FIRST_ZONE}",
     }, record
     assert_clean_run(stack, "fallback", slices=1, creates_per_pool=2)
 
 
 def test_a_zone_stockout_falls_back_to_the_next_zone(stack: Stack) -> None:
-    stack.gke.set_capacity(ZONE_A, "spot", 0)
-    policy = _policy(f"spot@{ZONE_A}, spot@{ZONE_B}")
+    stack.gke.set_capacity(FIRST_ZONE, "spot", 0)
+    policy = _policy(f"spot@{FIRST_ZONE}, spot@{SECOND_ZONE}")
     with PoolWatch(stack) as watch:
         submit(stack, exclusive_tpu_jobset("zones", replicas=1, topology="2x2", annotations=policy))
         pool = _running_pool(stack, "zones")
@@ -163,16 +163,16 @@ def test_a_zone_stockout_falls_back_to_the_next_zone(stack: Stack) -> None:
         )
         _finish(stack, "zones")
 
-    assert pool.get("locations") == [ZONE_B] and (pool.get("config") or {}).get("spot") is True
-    assert {n["metadata"]["labels"].get("topology.kubernetes.io/zone") for n in nodes} == {ZONE_B}
+    assert pool.get("locations") == [SECOND_ZONE] and (pool.get("config") or {}).get("spot") is True
+    assert {n["metadata"]["labels"].get("topology.kubernetes.io/zone") for n in nodes} == {SECOND_ZONE}
     assert watch.crowded == []
     failed = _messages(events_about(stack, labels.REASON_FAILED, "zones"), "JobSet")
-    assert failed and all(f"falling back to spot@{ZONE_B} now" in m for m in failed), failed
+    assert failed and all(f"falling back to spot@{SECOND_ZONE} now" in m for m in failed), failed
     assert_clean_run(stack, "zones", slices=1, creates_per_pool=2)
 
 
 def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> None:
-    stack.gke.set_capacity(ZONE_A, "spot", 0, until=4)  # Spot returns 4 s from now
+    stack.gke.set_capacity(FIRST_ZONE, "spot", 0, until=4)  # Spot returns 4 s from now
     jobset = exclusive_tpu_jobset(
         "spotonly",
         replicas=1,
@@ -196,7 +196,7 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> 
 
 
 def test_a_flex_start_slice_waits_for_capacity_without_failing(stack: Stack) -> None:
-    stack.gke.set_capacity(ZONE_A, "flex-start", 0, until=5)
+    stack.gke.set_capacity(FIRST_ZONE, "flex-start", 0, until=5)
     jobset = exclusive_tpu_jobset("flex", replicas=1, topology="2x2", selectors={labels.FLEX_START: "true"})
     submit(stack, jobset)
     pool = _running_pool(stack, "flex")
