@@ -27,6 +27,8 @@ class StackConfig:
     project: str = "tpuprov-sandbox"
     location: str = "us-east5-b"  # a zone with v6e; a zonal cluster's TPU pools go in its own zone
     cluster_name: str = "sandbox"
+    # The cluster's node locations (a multi-zonal cluster lists more than one); () = just ``location``.
+    cluster_zones: tuple[str, ...] = ()
     functions: tuple[str, ...] = EVENT_FUNCTIONS
     gke_op_delay: float = 2.0  # seconds a node-pool create/delete operation takes
     retry: RetryPolicy = INFRA_RETRY_POLICY

@@ -70,7 +70,7 @@ class Stack:
         self.timeline = Timeline()
         self.processes = ProcessRegistry()
         self.gke = GkeEmulator(
-            [ClusterSeed(c.project, c.location, c.cluster_name, locations=(c.location,))],
+            [ClusterSeed(c.project, c.location, c.cluster_name, locations=c.cluster_zones or (c.location,))],
             op_delay=c.gke_op_delay,
         )
         self.compute = ComputeEmulator()  # in-process, a thread; workload policies for tpu7x
