@@ -198,9 +198,13 @@ class Backoff:
         Raises TransientError when the JobSet kept changing under the write (redelivery retries).
         """
 
+        counted = [False]  # whether the last decision (after any conflict) recorded a new attempt
+
         def change(known: Failure | None) -> Failure | None:
+            counted[0] = False
             if pool_made and known is not None and not known.recycled and known.option == tried:
                 return None  # this ERROR pool's failure is counted already
+            counted[0] = True
             attempts = (known.attempts if known else 0) + 1
             following = capacity.after(options, tried) if tried else ""
             rounds = (known.rounds if known else 0) + (0 if following else 1)
@@ -215,17 +219,23 @@ class Backoff:
             failed_message(self.settings, pool, reason, failure),
             warning=True,
         )
-        logs.decision(
-            log,
-            "backoff.failed",
-            f"pool {pool} failed (attempt {failure.attempts}): {reason}",
-            logging.WARNING,
-            pool=pool,
-            attempts=failure.attempts,
-            retry_in=round(retry_at(self.settings, failure) - self.clock()),
-            option=failure.option,
-            next=failure.next,
-        )
+        # backoff.failed once per attempt (what the stockout metrics count); later sightings are quieter.
+        why = f"pool {pool} failed (attempt {failure.attempts}): {reason}"
+        wait = round(retry_at(self.settings, failure) - self.clock())
+        if counted[0]:
+            logs.decision(
+                log,
+                "backoff.failed",
+                why,
+                logging.WARNING,
+                pool=pool,
+                attempts=failure.attempts,
+                retry_in=wait,
+                option=failure.option,
+                next=failure.next,
+            )
+        else:
+            logs.decision(log, "backoff.seen", why, pool=pool, attempts=failure.attempts, retry_in=wait)
         return failure
 
     def recycled(self, jobset: dict[str, Any], pools: Iterable[str]) -> None:
