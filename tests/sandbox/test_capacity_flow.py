@@ -24,10 +24,8 @@ from sandbox.testing.stack import (
     FAST,
     PoolWatch,
     assert_clean_run,
-    create_requests,
     events_about,
     exclusive_tpu_jobset,
-    gke_requests,
     owned_pools,
     submit,
     successful_creates,
@@ -123,7 +121,6 @@ def test_a_spot_stockout_falls_back_to_on_demand_at_once(stack: Stack) -> None:
     assert watch.crowded == [], "two pools of the slice at once"
     # GKE accepted exactly two creates of the slice's pool: the Spot one that stocked out, then on-demand.
     assert successful_creates(stack, "fallback") == {name: 2}
-    assert create_requests(stack, "fallback") == {name: 2}
     steps = _capacity_steps(stack, name)
     assert [(event, kind) for _, event, kind, _ in steps if event != "released"] == [
         ("accepted", "spot"),
@@ -168,7 +165,7 @@ def test_a_zone_stockout_falls_back_to_the_next_zone(stack: Stack) -> None:
 
 
 def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> None:
-    stack.gke.set_capacity(FIRST_ZONE, "spot", 0, until=4)  # Spot returns 4 s from now
+    stack.gke.set_capacity(FIRST_ZONE, "spot", 0)  # no Spot until the slice has stocked out once
     jobset = exclusive_tpu_jobset(
         "spotonly",
         replicas=1,
@@ -178,6 +175,12 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> 
     )
     with PoolWatch(stack) as watch:
         submit(stack, jobset)
+        stack.wait_for(
+            lambda: _messages(events_about(stack, labels.REASON_FAILED, "spotonly"), "JobSet"),
+            30,
+            "a TPUSliceFailed Event on the JobSet",
+        )
+        stack.gke.set_capacity(FIRST_ZONE, "spot", None)  # Spot returns
         _finish(stack, "spotonly", reconcile=True)  # a cron much faster than the backoff
 
     [(name, accepted)] = successful_creates(stack, "spotonly").items()
@@ -192,7 +195,7 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> 
 
 
 def test_a_flex_start_slice_waits_for_capacity_without_failing(stack: Stack) -> None:
-    stack.gke.set_capacity(FIRST_ZONE, "flex-start", 0, until=5)
+    stack.gke.set_capacity(FIRST_ZONE, "flex-start", 0)  # none until the test says so
     jobset = exclusive_tpu_jobset("flex", replicas=1, topology="2x2", selectors={labels.FLEX_START: "true"})
     submit(stack, jobset)
     pool = _running_pool(stack, "flex")
@@ -217,11 +220,13 @@ def test_a_flex_start_slice_waits_for_capacity_without_failing(stack: Stack) -> 
     ]
     assert events_about(stack, labels.REASON_FAILED, "flex") == []
 
-    _finish(stack, "flex", reconcile=True)  # capacity arrives: nodes appear and the JobSet completes
+    stack.gke.set_capacity(FIRST_ZONE, "flex-start", None)  # capacity arrives
+    _finish(stack, "flex", reconcile=True)  # nodes appear and the JobSet completes
     steps = [event for _, event, _, _ in _capacity_steps(stack, name)]
     assert steps == ["accepted", "waiting", "obtained", "released"], steps
-    assert create_requests(stack, "flex") == {name: 1}
-    assert gke_requests(stack, "delete", name) == 1  # the release, never a recycle
+    # One pool, created once, never recycled (a release racing a reconcile sweep may both send the
+    # delete, and a sweep may race provision to a 409: both are idempotent, so requests are not counted).
+    assert successful_creates(stack, "flex") == {name: 1}
     assert_clean_run(stack, "flex", slices=1)
 
 
