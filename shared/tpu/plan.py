@@ -9,7 +9,7 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import build_node_pool, slice_request
+from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +23,7 @@ class PlannedPool:
     topology: str = ""
     total_chips: int = 0
     placement: str = ""
+    capacity: str = ""  # the capacity options in the order they are tried: "spot@z -> on-demand@z"
     note: str = ""
 
 
@@ -35,7 +36,8 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
         slice_desc = f"{pod_labels[labels.REPLICATED_JOB_NAME]}[{pod_labels[labels.JOB_INDEX]}]"
         try:
             request = slice_request(pod)
-            spec, shape = build_node_pool(settings, request)
+            options = slice_options(settings, request.demand, policy_of(settings, jobset))
+            spec, shape = build_node_pool(settings, request, option=options[0])
         except (NotEligible, Refused) as exc:
             if slice_desc not in seen:
                 seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
@@ -54,11 +56,13 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
             topology=shape.topology,
             total_chips=shape.total_chips,
             placement=placement,
+            capacity=" -> ".join(o.key for o in options),
             note=" ".join(
                 part
                 for part in (
                     "spot" if spec.spot else "",
                     f"reservation {spec.reservation.value}" if spec.reservation else "",
+                    "flex-start" if spec.flex_start else "",
                 )
                 if part
             ),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.paths import REPO
 from tpuprov.main import main
@@ -27,6 +28,18 @@ def test_plan_single_host_spot_example_table(capsys):
     assert main(["plan", "-f", str(REPO / "examples/jobset-v5e-single-host-spot.yaml")]) == 0
     out = capsys.readouterr().out
     assert "ct5lp-hightpu-8t" in out and "spot" in out and "COMPACT" not in out
+
+
+def test_plan_shows_the_capacity_order_of_the_jobsets_policy(tmp_path, monkeypatch, capsys):
+    manifest = yaml.safe_load((REPO / "examples/jobset-v6e-multislice.yaml").read_text())
+    manifest["metadata"].setdefault("annotations", {})["tpuprov.dev/capacity-policy"] = "spot, on-demand"
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    monkeypatch.delenv("CAPACITY_POLICY", raising=False)
+    assert main(["plan", "-f", str(path), "--output", "json", "--location", "us-east5-b"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["capacity"] for r in rows} == {"spot@us-east5-b -> on-demand@us-east5-b"}
+    assert all(r["note"] == "spot" for r in rows)  # the first attempt is a Spot pool
 
 
 def test_plan_reports_unsupported_shapes(tmp_path, capsys):

@@ -34,7 +34,8 @@ def _documents(path: str) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print one row per slice: pool name, machine type, node count, topology, chips, placement."""
+    """Print one row per slice: pool, machine type, node count, topology, chips, placement, and the
+    capacity options in the order they are tried (the capacity policy)."""
     try:
         jobsets = _documents(args.file)
     except (OSError, yaml.YAMLError) as exc:
@@ -58,7 +59,18 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("JOBSET", "SLICE", "POOL", "MACHINE TYPE", "NODES", "TOPOLOGY", "CHIPS", "PLACEMENT", "NOTE")
+    header = (
+        "JOBSET",
+        "SLICE",
+        "POOL",
+        "MACHINE TYPE",
+        "NODES",
+        "TOPOLOGY",
+        "CHIPS",
+        "PLACEMENT",
+        "CAPACITY",
+        "NOTE",
+    )
     table = [header] + [
         (
             r["jobset"],
@@ -69,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             r["topology"] or "-",
             str(r["total_chips"]),
             r["placement"] or "-",
+            r["capacity"] or "-",
             r["note"] or "",
         )
         for r in rows
