@@ -151,3 +151,12 @@ def test_a_pod_selecting_flex_start_with_spot_or_a_reservation_is_refused(
     pod = pod_of(selectors={labels.FLEX_START: "true", **selector})
     with pytest.raises(Refused, match=message):
         slice_request(pod)
+
+
+def test_a_malformed_capacity_policy_stops_the_service_at_startup() -> None:
+    from shared.app.entry import Runtime
+    from shared.core.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"setting CAPACITY_POLICY: .*'nowhere' is not a zone"):
+        Runtime(SETTINGS.with_overrides(capacity_policy="spot@nowhere"))
+    assert Runtime(SETTINGS.with_overrides(capacity_policy="spot, on-demand")).settings.capacity_policy
