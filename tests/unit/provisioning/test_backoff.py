@@ -41,16 +41,6 @@ class Clock:
 
 
 @pytest.fixture
-def gke() -> FakeGke:
-    return FakeGke()
-
-
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -29,16 +29,6 @@ B, A = "us-east5-b", "us-east5-a"
 
 
 @pytest.fixture
-def gke() -> FakeGke:
-    return FakeGke()
-
-
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

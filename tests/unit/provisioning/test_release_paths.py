@@ -37,16 +37,6 @@ def ago(seconds: float) -> str:
     return (now() - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@pytest.fixture
-def gke() -> FakeGke:
-    return FakeGke()
-
-
-@pytest.fixture
-def kube() -> FakeKube:
-    return FakeKube()
-
-
 def submit(kube: FakeKube, jobset: dict[str, Any]) -> list[dict[str, Any]]:
     kube.add_jobset(jobset)
     pods = expand_pods(jobset)

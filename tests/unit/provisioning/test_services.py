@@ -5,7 +5,7 @@ import datetime
 import pytest
 
 from sandbox.testing.builders import cpu_jobset, tpu_jobset
-from sandbox.testing.fakes import FakeGke, FakeKube
+from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.errors import TransientError
 from shared.core.settings import Settings
@@ -25,16 +25,6 @@ def now() -> datetime.datetime:
 
 def ago(seconds):
     return (now() - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@pytest.fixture
-def gke():
-    return FakeGke()
-
-
-@pytest.fixture
-def kube():
-    return FakeKube()
 
 
 def submit(kube, jobset):
