@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sandbox.emulators.logging.entries import binary_cloudevent_headers, eventarc_body
+from sandbox.emulators.serving import BackgroundServer
 
 _PUSH_PATH = re.compile(r"^/projects/([^/]+)/topics/([^/?]+)$")
 UNREACHABLE = 599  # recorded (and answered as 502) when the function cannot be reached at all
@@ -93,42 +94,30 @@ class EventarcRelay:
         self._deliveries: list[Delivery] = []
         self._attempts: Counter[str] = Counter()
         self._listeners: list[DeliveryListener] = []
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: BackgroundServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` once started."""
-        if self._server is None:
+        if self._serving is None:
             raise RuntimeError("relay is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._serving.url
 
     def start(self) -> EventarcRelay:
         """Bind and serve on a background thread."""
-        if self._server is not None:
-            return self
-        server = _Server((self._host, self._port), _Handler)
-        server.relay = self
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="relay", daemon=True
-        )
-        self._thread.start()
+        if self._serving is None:
+            server = _Server((self._host, self._port), _Handler)
+            server.relay = self
+            self._serving = BackgroundServer(server, "relay")
         return self
 
     def stop(self) -> None:
         """Stop serving and join the server thread."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            serving.stop()
 
     def __enter__(self) -> EventarcRelay:
         return self.start()

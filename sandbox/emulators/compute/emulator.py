@@ -23,13 +23,13 @@ import re
 import signal
 import sys
 import threading
-import urllib.parse
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
 from typing import Any
 
 from sandbox.emulators.compute.state import ComputeError, ComputeState
+from sandbox.emulators.serving import BackgroundServer, request_body, request_path, route
 
 __all__ = ["KINDS", "ComputeEmulator", "main"]
 
@@ -79,8 +79,7 @@ class ComputeEmulator:
     def __init__(self, op_delay: float = 0.0, host: str = "127.0.0.1", port: int = 0) -> None:
         self.state = ComputeState(op_delay=op_delay)
         self._host, self._port = host, port
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: BackgroundServer | None = None
         self._calls: Counter[str] = Counter()
         self._faults: dict[str, list[ComputeError]] = {}
         self._lock = threading.Lock()
@@ -88,31 +87,23 @@ class ComputeEmulator:
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` once started."""
-        if self._server is None:
+        if self._serving is None:
             raise RuntimeError("Compute emulator is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._serving.url
 
     def start(self) -> ComputeEmulator:
         """Bind a free port and serve on a background thread."""
-        if self._server is None:
-            self._server = _Server((self._host, self._port), _Handler)
-            self._server.emulator = self
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-            )
-            self._thread.start()
+        if self._serving is None:
+            server = _Server((self._host, self._port), _Handler)
+            server.emulator = self
+            self._serving = BackgroundServer(server, "compute")
         return self
 
     def stop(self) -> None:
         """Stop serving and join the thread."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            serving.stop()
 
     def __enter__(self) -> ComputeEmulator:
         return self.start()
@@ -162,23 +153,15 @@ class ComputeEmulator:
     # -- HTTP -----------------------------------------------------------------------------------
 
     def _handle(self, request: _Handler) -> None:
-        path = urllib.parse.unquote(urllib.parse.urlsplit(request.path).path)
-        length = int(request.headers.get("Content-Length") or 0)
-        body = request.rfile.read(length) if length else b""
-        route = next(
-            (
-                (kind, m.groups())
-                for verb, rx, kind in _ROUTES
-                if verb == request.command and (m := rx.match(path))
-            ),
-            None,
-        )
-        if route is None:
+        path = request_path(request)
+        body = request_body(request)
+        found = route(_ROUTES, request.command, path)
+        if found is None:
             request.send_json(
                 404, ComputeError(404, "notFound", f"No method {request.command} {path}").payload()
             )
             return
-        kind, args = route
+        kind, args = found
         with self._lock:
             self._calls[kind] += 1
             queue = self._faults.get(kind) or []

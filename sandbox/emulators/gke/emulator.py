@@ -41,6 +41,8 @@ from sandbox.emulators.gke.rules import ApiError, invalid
 from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
 from sandbox.emulators.gke.wire import ROUTES, Call, Handler, Server, summarize
+from sandbox.emulators.serving import BackgroundServer, request_body, request_path
+from sandbox.emulators.serving import route as match_route
 
 __all__ = ["KINDS", "Call", "ClusterSeed", "GkeEmulator", "main"]
 
@@ -71,46 +73,40 @@ class GkeEmulator:
         self._answers: Counter[tuple[str, int]] = Counter()
         self._calls_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server: Server | None = None
-        self._threads: list[threading.Thread] = []
+        self._serving: BackgroundServer | None = None
+        self._ticker: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
         """``http://127.0.0.1:PORT`` once started."""
-        if self._server is None:
+        if self._serving is None:
             raise RuntimeError("GKE emulator is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._serving.url
 
     def start(self) -> GkeEmulator:
         """Bind, then serve and tick operations on background threads."""
-        if self._server is not None:
+        if self._serving is not None:
             return self
         self._stopping.clear()
         server = Server((self._host, self._port), Handler)
         server.emulator = self
-        self._server = server
-        self._threads = [
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
-            threading.Thread(target=self._tick, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._serving = BackgroundServer(server, "gke")
+        self._ticker = threading.Thread(target=self._tick, name="gke-ticker", daemon=True)
+        self._ticker.start()
         return self
 
     def stop(self) -> None:
         """Stop serving, wake any hung request and join the background threads."""
-        server, self._server = self._server, None
-        if server is None:
+        serving, self._serving = self._serving, None
+        if serving is None:
             return
         self._stopping.set()
-        server.shutdown()
-        server.server_close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._threads = []
+        serving.stop()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
 
     def __enter__(self) -> GkeEmulator:
         return self.start()
@@ -263,18 +259,9 @@ class GkeEmulator:
     # -- HTTP -----------------------------------------------------------------------------------
 
     def _handle(self, request: Handler) -> None:
-        parsed = urllib.parse.urlsplit(request.path)
-        path = urllib.parse.unquote(parsed.path)
-        length = int(request.headers.get("Content-Length") or 0)
-        body = request.rfile.read(length) if length else b""
-        route = next(
-            (
-                (kind, m.groups())
-                for verb, rx, kind in ROUTES
-                if verb == request.command and (m := rx.match(path))
-            ),
-            None,
-        )
+        path = request_path(request)
+        body = request_body(request)
+        route = match_route(ROUTES, request.command, path)
         if route is None:
             self._send_error(request, ApiError(404, "NOT_FOUND", f"No method {request.command} {path}."))
             return
