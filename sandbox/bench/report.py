@@ -80,6 +80,39 @@ def _wave_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _stockout_lines(report: dict[str, Any]) -> list[str]:
+    runs = report.get("stockout")
+    if not runs:
+        return []
+    rows = []
+    for label, r in (
+        ("fallback `spot, on-demand`", runs["fallback"]),
+        ("no fallback (pods select Spot)", runs["backoff"]),
+    ):
+        landed = "never" if r["landed_minutes"] is None else f"{r['landed_minutes']} min"
+        rows.append(
+            [
+                label,
+                f"{r['outage_minutes']:.0f} min",
+                " -> ".join(r["attempts"]),
+                str(r["creates_first_hour"]),
+                f"**{landed}**",
+                ", ".join(r["landed_on"]),
+            ]
+        )
+    return [
+        "**Stockouts** (virtual time, `sandbox/sim/stockout.py`): one v5e 2x4 slice; Spot in its zone "
+        "is empty for the outage, on-demand is available; creates and deletes take 2 min; "
+        "FailedScheduling and reconcile every 5 min; finished-operation entries 5 s after each "
+        "operation; default backoff (5 min doubling to 30 min).",
+        "",
+        *_table(
+            ["policy", "Spot outage", "attempts", "creates in 1st hour", "running after", "landed on"], rows
+        ),
+        "",
+    ]
+
+
 def handover_lines(report: dict[str, Any]) -> list[str]:
     """The handover part as Markdown lines (none when the part was skipped)."""
     h = report.get("handover")
@@ -251,6 +284,7 @@ def markdown(report: dict[str, Any]) -> str:
         *_scale_lines(report),
         *handover_lines(report),
         *_wave_lines(report),
+        *_stockout_lines(report),
         "**Targets**",
         "",
         *_table(
