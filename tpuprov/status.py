@@ -181,15 +181,19 @@ def pool_rows(
         created = _parse_time(pool.create_time)
         age = (now - created).total_seconds() if created else None
         hourly = prices.per_hour(generation, capacity, chips)
+        # A flex-start pool exists before its VMs do: while it has no nodes it waits and costs nothing.
+        waiting = pool.flex_start and pool.status == "RUNNING" and not node_labels.get(pool.name)
+        if waiting:
+            hourly = 0.0
         on_it = tuple(sorted(running.get(pool.name, set())))
         rows.append(
             PoolRow(
                 name=pool.name,
                 owner=f"{namespace}/{name}",
                 owner_state=state,
-                state=pool.status,
+                state="WAITING" if waiting else pool.status,
                 machine_type=pool.machine_type,
-                nodes=pool.node_count,
+                nodes=len(node_labels.get(pool.name, [])) if pool.flex_start else pool.node_count,
                 chips=chips,
                 generation=generation,
                 capacity=capacity,

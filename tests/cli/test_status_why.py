@@ -225,3 +225,30 @@ def test_why_command_for_a_jobset_and_a_missing_pod(
     assert "GCE_STOCKOUT" in capsys.readouterr().out
     assert main(["why", "team-b/nope"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_a_flex_start_pool_without_nodes_shows_as_waiting_and_costs_nothing() -> None:
+    from shared.tpu.nodepools import NodePoolInfo
+
+    owner = {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.OWNER_NAMESPACE: "team-a",
+        labels.OWNER_NAME: "flex",
+    }
+    pool = NodePoolInfo(
+        name="tpu-flex-slice-0-1",
+        status="RUNNING",
+        machine_type="ct6e-standard-4t",
+        node_count=4,
+        labels=owner,
+        node_locations=("us-east5-b",),
+        flex_start=True,
+    )
+    prices = status.Prices({"v6e": {"flex-start": 1.0, "on-demand": 2.7}})
+    now = datetime.datetime.now(tz=datetime.UTC)
+    jobset = tpu_jobset("flex", "team-a")
+    [row] = status.pool_rows([pool], [jobset], [], [], prices, now)
+    assert (row.state, row.nodes, row.capacity, row.cost_per_hour) == ("WAITING", 0, "flex-start", 0.0)
+    node = {"metadata": {"name": "n1", "labels": {labels.NODEPOOL: pool.name}}}
+    [row] = status.pool_rows([pool], [jobset], [], [node], prices, now)
+    assert (row.state, row.nodes) == ("RUNNING", 1) and row.cost_per_hour
