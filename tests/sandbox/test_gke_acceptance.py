@@ -4,7 +4,7 @@ Each case derives a pool exactly as the provision function does (pod -> ``slice_
 ``build_node_pool`` with the cluster read through the real adapter) and sends it through
 ``GkeNodePoolAPI`` to the emulator, whose rules are written independently of the product's catalog.
 The cases cover every accelerator with its listed topologies and its largest slice, every chip
-request the catalog accepts for them, three capacity types and four cluster kinds.
+request the catalog accepts for them, four capacity types and four cluster kinds.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.testing.builders import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core import labels
+from shared.core.errors import Refused
 from shared.core.settings import Settings
 from shared.tpu import catalog
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import build_node_pool, slice_request
+from shared.tpu.slices import FLEX_START_GENERATIONS, build_node_pool, slice_request
 
 PROJECT = "acc-proj"
 ZONAL = "us-central2-b"
@@ -40,6 +41,7 @@ CAPACITY: dict[str, dict[str, str]] = {
     "on-demand": {},
     "spot": {labels.SPOT: "true"},
     "reservation": {labels.RESERVATION_NAME: "tpu-res"},
+    "flex-start": {labels.FLEX_START: "true"},
 }
 
 
@@ -126,13 +128,21 @@ def test_every_buildable_pool_is_accepted(
     pod = expand_pods(jobset)[0]
     cluster = api.get_cluster(settings.cluster_path)
     assert cluster.release_channel == channel
+    if capacity == "flex-start" and catalog.resolve(*shape).generation not in FLEX_START_GENERATIONS:
+        with pytest.raises(Refused, match="flex-start capacity is not offered"):
+            build_node_pool(settings, slice_request(pod), cluster)
+        return
     spec, slice_shape = build_node_pool(settings, slice_request(pod), cluster)
 
     api.create_node_pool(settings.cluster_path, spec, "acceptance")
 
     stored: dict[str, Any] = next(p for p in emulator.pools(settings.cluster_path) if p["name"] == spec.name)
     assert stored["locations"] == [TWO_ZONES[0] if node_locations else ZONAL]
-    assert int(stored["initialNodeCount"]) == slice_shape.num_vms
+    if capacity == "flex-start":  # created empty; the autoscaler brings the whole slice
+        assert int(stored.get("initialNodeCount", 0)) == 0 and stored["config"]["flexStart"] is True
+        assert int(stored["autoscaling"]["totalMaxNodeCount"]) == slice_shape.num_vms
+    else:
+        assert int(stored["initialNodeCount"]) == slice_shape.num_vms
     assert stored.get("management", {}).get("autoUpgrade", False) is bool(channel)
     assert stored["config"]["diskType"] == catalog.boot_disk_types(slice_shape.machine_type)[0]
 
