@@ -43,6 +43,16 @@ _QUOTA = (
     '403 Insufficient regional quota to satisfy request: resource "TPU_V6E": request requires '
     "'16.0' and is short '8.0'. project has a quota of '8.0' with '8.0' available."
 )
+# Compute's answers about a specific reservation, as GKE passes them on (see the GKE emulator's
+# sandbox/emulators/gke/capacity.py for where the wording comes from).
+_RESERVATION_SHORT = (
+    '429 Reservation does not have enough resources for the request: specific reservation "tpu-res" '
+    'is insufficient for node pool "p" at zone "us-east5-b": required 4 and short of 4 VM count of '
+    "machine type ct6e-standard-4t."
+)
+_RESERVATION_MISSING = (
+    '404 Google Compute Engine: reservation "tpu-res" not found for node pool "p" at zone "us-east5-b".'
+)
 
 
 class FakeGke:
@@ -72,13 +82,16 @@ class FakeGke:
         self._lock = threading.Lock()
 
     def fail(self, method: str, kind: str, times: int = 1) -> None:
-        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected, quota or unavailable."""
+        """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected, quota, unavailable,
+        reservation-full or reservation-missing (GKE's answers as the adapter raises them)."""
         errors: dict[str, Callable[[], Exception]] = {
             "429": lambda: OperationLimitError(_TOO_MANY),
             "incompatible": lambda: OperationLimitError(_INCOMPATIBLE),
             "unavailable": lambda: TransientError("503 Service Unavailable"),
             "rejected": lambda: RejectedError("400 Invalid machine type", 400),
             "quota": lambda: RejectedError(_QUOTA, 403),
+            "reservation-full": lambda: TransientError(_RESERVATION_SHORT),
+            "reservation-missing": lambda: NotFoundError(_RESERVATION_MISSING),
         }
         self._faults.setdefault(method, []).extend(errors[kind]() for _ in range(times))
 

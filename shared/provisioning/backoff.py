@@ -40,7 +40,7 @@ from typing import Any
 
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
-from shared.core.errors import ConflictError, NotFoundError, TransientError
+from shared.core.errors import ConflictError, NotFoundError, RejectedError, TransientError
 from shared.core.settings import Settings
 from shared.tpu import capacity
 
@@ -55,9 +55,29 @@ _QUOTA = re.compile(r"insufficient (\w+ )?quota|QUOTA_EXCEEDED", re.IGNORECASE)
 _WRITE_ATTEMPTS = 3  # conditional writes retried after a conflict, each after a fresh read
 
 
+# GKE passes on Compute Engine's answers about a SPECIFIC reservation at create time: missing in
+# the pool's zone ('reservation "R" not found for node pool "P" at zone "Z"', a 404) or too small
+# ("Reservation does not have enough resources for the request", a 429). Both are the capacity of
+# that attempt failing, not a transient error: retrying the same create cannot succeed sooner.
+_RESERVATION = re.compile(
+    r"reservation does not have enough resources|reservation \S+ not found for node pool", re.IGNORECASE
+)
+
+
 def is_quota_error(message: str) -> bool:
     """Whether GKE's answer to a create says a resource quota (not an API rate limit) is used up."""
     return bool(_QUOTA.search(message))
+
+
+def refused_capacity(error: Exception) -> str:
+    """GKE's reason when its answer to a create says this attempt's capacity is not to be had
+    (quota used up, the reservation missing or full); "" for every other answer."""
+    message = str(getattr(error, "why", "") or error)
+    if isinstance(error, RejectedError) and is_quota_error(message):
+        return message
+    if isinstance(error, (RejectedError, TransientError, NotFoundError)) and _RESERVATION.search(message):
+        return message
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,6 +337,7 @@ __all__ = [
     "failed_message",
     "failures",
     "is_quota_error",
+    "refused_capacity",
     "retry_at",
     "waiting",
 ]

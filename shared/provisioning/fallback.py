@@ -82,10 +82,10 @@ class Fallback:
             self.recycle(jobset, pool, failure)
         return failure
 
-    def quota_refused(
+    def refused(
         self, request: SliceRequest, jobset: dict[str, Any], spec: NodePoolSpec, reason: str
     ) -> backoff.Failure:
-        """GKE refused this attempt's create for quota (no pool was made): record a new attempt."""
+        """GKE refused this attempt's create for quota or its reservation: a new attempt (no pool)."""
         keys = [o.key for o in self.options(request, jobset)]
         return self.backoff.observe(
             jobset, spec.name, reason, pool_made=False, tried=capacity.key_of_spec(spec), options=keys

@@ -310,13 +310,17 @@ class Provisioner:
         result = fan_out(sendable, send, self.settings.create_concurrency, budget)
         failures: list[TransientError] = []
         for item, error in result.sent:
+            refusal = backoff.refused_capacity(error) if error is not None else ""
+            if refusal:  # quota or reservation: this attempt failed; fall back or back off
+                outcomes[item.spec.name] = self._capacity_refused(item, jobset, refusal)
+                if outcomes[item.spec.name].fallback:
+                    failures.append(TransientError(outcomes[item.spec.name].why))
+                continue
             if isinstance(error, TransientError):
                 failures.append(error)
                 self._learn_limit(error)
                 continue
             outcomes[item.spec.name] = self._created(pod, item, shape, pools, error, jobset)
-            if outcomes[item.spec.name].fallback:
-                failures.append(TransientError(outcomes[item.spec.name].why))
         created = [
             i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
         ]
@@ -345,15 +349,6 @@ class Provisioner:
             self.known_pools.remember(spec.name)
             why = f"pool {spec.name} already exists (409)"
             return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
-        if isinstance(error, RejectedError) and backoff.is_quota_error(error.why):
-            # Out of quota is a scarce resource like a stockout: the slice falls back or backs off the
-            # same way. No pool was made, so a fallback is sent by the redelivery this raises.
-            failure = self.fallback.quota_refused(item.request, jobset, spec, error.why)
-            why = f"GKE refused pool {spec.name} for quota (attempt {failure.attempts}): {error.why}"
-            if failure.next:
-                why += f"; falling back to {failure.next}"
-            outcome = Outcome(FAILED, why, spec.name, slice_desc, fallback=failure.next)
-            return self._done(outcome, logging.WARNING)
         if isinstance(error, RejectedError):
             self.kube.record_event(
                 pod_ref(pod),
@@ -382,6 +377,17 @@ class Provisioner:
         created_at = pod_created_at(pod)
         waited = round(max(0.0, time.time() - created_at), 1) if created_at else None
         return self._done(Outcome(CREATED, why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
+
+    def _capacity_refused(self, item: Create, jobset: dict[str, Any], reason: str) -> Outcome:
+        """GKE refused a create for quota or its reservation: a failed attempt of the slice (no pool
+        was made), which falls back by the redelivery the caller raises, or backs off."""
+        spec = item.spec
+        failure = self.fallback.refused(item.request, jobset, spec, reason)
+        why = f"GKE refused pool {spec.name} (attempt {failure.attempts}): {reason}"
+        if failure.next:
+            why += f"; falling back to {failure.next}"
+        outcome = Outcome(FAILED, why, spec.name, item.slice_desc, fallback=failure.next)
+        return self._done(outcome, logging.WARNING)
 
     def _defer(
         self,

@@ -171,3 +171,32 @@ def test_after_a_failed_round_the_slice_waits_then_starts_over_with_the_first_op
     reconciler.sweep()
     assert created.seen[-1] == f"spot@{B}"  # a new round starts at the top of the policy
     assert pending(provision, pods[0]) in (EXISTS, SKIPPED)
+
+
+@pytest.mark.parametrize("answer", ["reservation-full", "reservation-missing"])
+def test_a_reservation_gke_cannot_use_falls_back_to_the_next_option(
+    gke: FakeGke, kube: FakeKube, clock: Clock, answer: str
+) -> None:
+    created = Recorder(gke)
+    settings = POLICY.with_overrides(capacity_policy="reservation:tpu-res, on-demand")
+    pods = submit(kube)
+    provision = Provisioner(settings, gke, kube, wall_clock=clock)
+    gke.fail("create", answer)
+    with pytest.raises(TransientError, match=f"falling back to on-demand@{B}"):
+        pending(provision, pods[0])
+    assert pending(provision, pods[0]) == CREATED
+    assert created.seen == [f"on-demand@{B}"]
+    [entry] = record(kube).values()
+    assert entry["option"] == f"reservation:tpu-res@{B}"
+
+
+def test_a_pod_selecting_a_full_reservation_backs_off_instead_of_retrying_forever(
+    gke: FakeGke, kube: FakeKube, clock: Clock
+) -> None:
+    pods = submit(kube, {labels.RESERVATION_NAME: "tpu-res"})
+    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    gke.fail("create", "reservation-full", times=3)
+    assert pending(provision, pods[0]) == "failed"  # acknowledged: no redelivery storm
+    assert pending(provision, pods[0]) == SKIPPED  # backing off
+    assert gke.count("create") == 1
+    assert any("retrying in 5 min" in e["message"] for e in failed_events(kube))
