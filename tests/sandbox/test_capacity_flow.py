@@ -164,6 +164,25 @@ def test_a_zone_stockout_falls_back_to_the_next_zone(stack: Stack) -> None:
     assert_clean_run(stack, "zones", slices=1, creates_per_pool=2)
 
 
+def test_a_full_reservation_falls_back_to_on_demand_by_redelivery(stack: Stack) -> None:
+    stack.gke.add_reservation("tpu-res", FIRST_ZONE, 0)  # exists, but has no room for the slice
+    jobset = exclusive_tpu_jobset(
+        "reserved", replicas=1, topology="2x2", annotations=_policy("reservation:tpu-res, on-demand")
+    )
+    submit(stack, jobset)
+    pool = _running_pool(stack, "reserved")
+    assert not (pool.get("config") or {}).get("reservationAffinity", {}).get("values")
+    # GKE refused the reserved create at once (no pool was made); the redelivery created on-demand.
+    assert successful_creates(stack, "reserved") == {str(pool["name"]): 1}
+    failed = _messages(events_about(stack, labels.REASON_FAILED, "reserved"), "JobSet")
+    assert any(
+        "Reservation does not have enough resources" in m and f"falling back to on-demand@{FIRST_ZONE}" in m
+        for m in failed
+    ), failed
+    _finish(stack, "reserved")
+    assert_clean_run(stack, "reserved", slices=1)
+
+
 def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: Stack) -> None:
     stack.gke.set_capacity(FIRST_ZONE, "spot", 0)  # no Spot until the slice has stocked out once
     jobset = exclusive_tpu_jobset(
