@@ -70,7 +70,10 @@ class Fallback:
             jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
         except NotFoundError:
             return None  # reconcile deletes the pools of a JobSet that is gone
-        keys = [o.key for o in self.options(request, jobset)]
+        try:
+            keys = [o.key for o in self.options(request, jobset)]
+        except Refused:  # a policy gone bad since the create: back off as without one
+            keys = []
         failure = self.backoff.observe(
             jobset,
             pool.name,

@@ -200,3 +200,17 @@ def test_a_pod_selecting_a_full_reservation_backs_off_instead_of_retrying_foreve
     assert pending(provision, pods[0]) == SKIPPED  # backing off
     assert gke.count("create") == 1
     assert any("retrying in 5 min" in e["message"] for e in failed_events(kube))
+
+
+def test_a_policy_broken_after_the_create_backs_off_instead_of_failing_the_delivery(
+    gke: FakeGke, kube: FakeKube, clock: Clock
+) -> None:
+    pods = submit(kube, **{labels.CAPACITY_POLICY: "spot, on-demand"})
+    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    pending(provision, pods[0])
+    stock_out(gke)
+    kube.jobsets[("team-a", "a")]["metadata"]["annotations"][labels.CAPACITY_POLICY] = "cheapest"
+    assert pending(provision, pods[0]) == EXISTS
+    [entry] = record(kube).values()
+    assert (entry.get("next"), entry["rounds"]) == (None, 1)  # no fallback: back off
+    assert gke.managed_names(CLUSTER)  # the failed pool waits out its backoff
