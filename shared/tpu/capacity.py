@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from shared.core import labels
 from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec, Reservation
 
 ON_DEMAND = "on-demand"
@@ -51,8 +50,9 @@ class CapacityOption:
     @property
     def key(self) -> str:
         """Stable text naming the option (what the failure record stores): ``spot@us-east5-a``."""
-        kind = f"{RESERVATION}:{self.reservation.value}" if self.reservation else self.kind
-        return f"{kind}@{self.zone}" if self.zone else kind
+        reservation = self.reservation.value if self.reservation else ""
+        zones = (self.zone,) if self.zone else ()
+        return _key(self.kind == SPOT, reservation, self.kind == FLEX_START, zones)
 
     def describe(self) -> str:
         """How the option reads in Events: ``spot VMs in us-east5-a``."""
@@ -71,28 +71,6 @@ class Demand:
     kind: str = ""  # "" = any kind
     reservation: Reservation | None = None
     zone: str = ""  # "" = any zone
-
-
-def _truthy(value: str) -> bool:
-    return value.strip().lower() in ("true", "1", "yes")
-
-
-def demand_of(selected: Mapping[str, str]) -> Demand:
-    """The capacity a pod's nodeSelector (and single-valued required affinity) pins it to.
-
-    Callers refuse conflicting selections first (spot with a reservation, flex-start with either).
-    """
-    zone = selected.get(labels.ZONE, "").strip()
-    if selected.get(labels.RESERVATION_NAME):
-        reservation = Reservation(
-            selected[labels.RESERVATION_NAME], selected.get(labels.RESERVATION_PROJECT, "")
-        )
-        return Demand(RESERVATION, reservation, zone)
-    if _truthy(selected.get(labels.SPOT, "")):
-        return Demand(SPOT, None, zone)
-    if _truthy(selected.get(labels.FLEX_START, "")):
-        return Demand(FLEX_START, None, zone)
-    return Demand("", None, zone)
 
 
 def parse_entry(text: str) -> CapacityOption:
@@ -158,29 +136,24 @@ def options(
     return (CapacityOption(demand.kind or ON_DEMAND, default_zone, demand.reservation),)
 
 
-def _kind(spot: bool, reservation: str, flex_start: bool) -> str:
+def _key(spot: bool, reservation: str, flex_start: bool, locations: Sequence[str]) -> str:
     if reservation:
-        return RESERVATION
-    if spot:
-        return SPOT
-    return FLEX_START if flex_start else ON_DEMAND
+        head = f"{RESERVATION}:{reservation}"
+    else:
+        head = SPOT if spot else FLEX_START if flex_start else ON_DEMAND
+    zone = locations[0] if len(locations) == 1 else ""
+    return f"{head}@{zone}" if zone else head
 
 
 def key_of_pool(pool: NodePoolInfo) -> str:
     """The option a listed pool was created with (how a failed attempt is named)."""
-    kind = _kind(pool.spot, pool.reservation, pool.flex_start)
-    head = f"{RESERVATION}:{pool.reservation}" if kind == RESERVATION else kind
-    zone = pool.node_locations[0] if len(pool.node_locations) == 1 else ""
-    return f"{head}@{zone}" if zone else head
+    return _key(pool.spot, pool.reservation, pool.flex_start, pool.node_locations)
 
 
 def key_of_spec(spec: NodePoolSpec) -> str:
     """The option a pool about to be created uses."""
     reservation = spec.reservation.value if spec.reservation else ""
-    kind = _kind(spec.spot, reservation, spec.flex_start)
-    head = f"{RESERVATION}:{reservation}" if kind == RESERVATION else kind
-    zone = spec.node_locations[0] if len(spec.node_locations) == 1 else ""
-    return f"{head}@{zone}" if zone else head
+    return _key(spec.spot, reservation, spec.flex_start, spec.node_locations)
 
 
 def pick(choices: tuple[CapacityOption, ...], next_key: str) -> CapacityOption:
@@ -209,7 +182,6 @@ __all__ = [
     "CapacityOption",
     "Demand",
     "after",
-    "demand_of",
     "key_of_pool",
     "key_of_spec",
     "options",

@@ -47,10 +47,7 @@ class SliceRequest:
     @property
     def demand(self) -> capacity.Demand:
         """What the pod's selectors require of its slice's capacity."""
-        if self.reservation is not None:
-            return capacity.Demand(capacity.RESERVATION, self.reservation, self.zone)
-        kind = capacity.SPOT if self.spot else capacity.FLEX_START if self.flex_start else ""
-        return capacity.Demand(kind, None, self.zone)
+        return _demand(self.spot, self.reservation, self.flex_start, self.zone)
 
     @property
     def pool_name(self) -> str:
@@ -93,6 +90,43 @@ def _selected(spec: Mapping[str, Any]) -> dict[str, str]:
             if expr.get("operator") == "In" and len(values) == 1:
                 chosen.setdefault(str(expr.get("key")), str(values[0]))
     return chosen
+
+
+def _capacity_selection(selected: Mapping[str, str]) -> tuple[bool, Reservation | None, bool]:
+    """Spot, reservation and flex-start as the selectors ask for them; Refused for combinations no
+    pool can have."""
+    reservation = None
+    if selected.get(labels.RESERVATION_NAME):
+        reservation = Reservation(
+            selected[labels.RESERVATION_NAME], selected.get(labels.RESERVATION_PROJECT, "")
+        )
+    spot = _truthy(selected.get(labels.SPOT, ""))
+    if spot and reservation is not None:
+        # Compute Engine never places Spot VMs on reserved capacity, so such a pool could not be built.
+        raise Refused(
+            f"pod selects both {labels.SPOT}=true and {labels.RESERVATION_NAME}={reservation.value}: "
+            "Spot VMs cannot consume reservations; select one or the other"
+        )
+    flex_start = _truthy(selected.get(labels.FLEX_START, ""))
+    if flex_start and (spot or reservation is not None):
+        # Flex-start is its own provisioning model: its VMs are neither Spot VMs nor reserved ones.
+        other = (
+            f"{labels.SPOT}=true"
+            if spot
+            else f"{labels.RESERVATION_NAME}={reservation.value if reservation else ''}"
+        )
+        raise Refused(
+            f"pod selects both {labels.FLEX_START}=true and {other}: flex-start VMs are neither Spot "
+            "nor reserved capacity; select one or the other"
+        )
+    return spot, reservation, flex_start
+
+
+def _demand(spot: bool, reservation: Reservation | None, flex_start: bool, zone: str) -> capacity.Demand:
+    if reservation is not None:
+        return capacity.Demand(capacity.RESERVATION, reservation, zone)
+    kind = capacity.SPOT if spot else capacity.FLEX_START if flex_start else ""
+    return capacity.Demand(kind, None, zone)
 
 
 def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
@@ -146,30 +180,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
             f"and {labels.TPU_TOPOLOGY}"
         )
 
-    reservation = None
-    if selected.get(labels.RESERVATION_NAME):
-        reservation = Reservation(
-            selected[labels.RESERVATION_NAME], selected.get(labels.RESERVATION_PROJECT, "")
-        )
-    spot = _truthy(selected.get(labels.SPOT, ""))
-    if spot and reservation is not None:
-        # Compute Engine never places Spot VMs on reserved capacity, so such a pool could not be built.
-        raise Refused(
-            f"pod selects both {labels.SPOT}=true and {labels.RESERVATION_NAME}={reservation.value}: "
-            "Spot VMs cannot consume reservations; select one or the other"
-        )
-    flex_start = _truthy(selected.get(labels.FLEX_START, ""))
-    if flex_start and (spot or reservation is not None):
-        # Flex-start is its own provisioning model: its VMs are neither Spot VMs nor reserved ones.
-        other = (
-            f"{labels.SPOT}=true"
-            if spot
-            else f"{labels.RESERVATION_NAME}={reservation.value if reservation else ''}"
-        )
-        raise Refused(
-            f"pod selects both {labels.FLEX_START}=true and {other}: flex-start VMs are neither Spot "
-            "nor reserved capacity; select one or the other"
-        )
+    spot, reservation, flex_start = _capacity_selection(selected)
     extra: dict[str, str] = {}
     for key, value in sorted(selected.items()):
         if key.startswith(labels.RESERVED_LABEL_PREFIXES) or "kubernetes.io/" in key:
@@ -249,11 +260,13 @@ def _default_zone(settings: Settings, zone: str, cluster: ClusterInfo | None) ->
 
 def template_demand(jobset: Mapping[str, Any], replicated_job: str) -> capacity.Demand:
     """What a replicated job's pod template selects of capacity (Kueue writes its flavor's node
-    labels there on admission), for decisions made without a pod at hand (reconcile)."""
+    labels there on admission), for decisions made without a pod at hand (reconcile). Refused for
+    selections no pod of it could get, as for its pods."""
     for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         if rjob.get("name") == replicated_job:
             template = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
-            return capacity.demand_of(_selected(template or {}))
+            selected = _selected(template or {})
+            return _demand(*_capacity_selection(selected), selected.get(labels.ZONE, "").strip())
     return capacity.Demand()
 
 
