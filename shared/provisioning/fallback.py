@@ -13,8 +13,9 @@ resume and reconcile all go through here, so they agree on the option of every a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
@@ -27,9 +28,22 @@ from shared.provisioning.releaser import Releaser
 from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.nodepools import STATUS_ERROR, ClusterInfo, NodePoolInfo, NodePoolSpec
-from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options, template_demand
+from shared.tpu.slices import SliceRequest, policy_of, slice_options, template_demand
 
 log = logs.get("fallback")
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempts:
+    """A replicated job's capacity options in policy order, and its slices' failure records."""
+
+    choices: tuple[CapacityOption, ...]
+    failures: Mapping[str, backoff.Failure]
+
+    def option(self, pool: str) -> CapacityOption:
+        """The capacity of the next attempt at ``pool``: its recorded fallback, else the first option."""
+        failure = self.failures.get(pool)
+        return capacity.pick(self.choices, failure.next if failure else "")
 
 
 class Fallback:
@@ -53,16 +67,6 @@ class Fallback:
         """The slice's options in policy order (Refused: a bad policy or zone)."""
         return slice_options(self.settings, request.demand, policy_of(self.settings, jobset), self.cluster())
 
-    def spec(self, request: SliceRequest, jobset: dict[str, Any], spec: NodePoolSpec) -> NodePoolSpec:
-        """The pool this attempt creates: ``spec`` rebuilt on the option the failure record names."""
-        choices = self.options(request, jobset)
-        failure = backoff.failures(jobset).get(spec.name)
-        option = capacity.pick(choices, failure.next if failure else "")
-        if capacity.key_of_spec(spec) == option.key:
-            return spec
-        built, _ = build_node_pool(self.settings, request, self.cluster(), option)
-        return built
-
     def report(self, request: SliceRequest, pool: NodePoolInfo) -> backoff.Failure | None:
         """A pool of this slice is in ERROR: record the attempt on the JobSet (once) and, when the
         policy has another option, delete the pool now so the next attempt can use it."""
@@ -70,17 +74,7 @@ class Fallback:
             jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
         except NotFoundError:
             return None  # reconcile deletes the pools of a JobSet that is gone
-        try:
-            keys = [o.key for o in self.options(request, jobset)]
-        except Refused:  # a policy gone bad since the create: back off as without one
-            keys = []
-        failure = self.backoff.observe(
-            jobset,
-            pool.name,
-            pool.status_message or "status ERROR",
-            tried=capacity.key_of_pool(pool),
-            options=keys,
-        )
+        failure = self._observe_error(jobset, pool, lambda: request.demand)
         if failure.next and pool.status == STATUS_ERROR:
             self.recycle(jobset, pool, failure)
         return failure
@@ -97,15 +91,19 @@ class Fallback:
     def observe_owned(self, jobset: dict[str, Any], pool: NodePoolInfo) -> backoff.Failure:
         """Reconcile's sighting of an ERROR pool (no pod at hand: the JobSet's template decides)."""
         rjob = pool.labels.get(labels.OWNER_REPLICATED_JOB, "")
+        return self._observe_error(jobset, pool, lambda: template_demand(jobset, rjob))
+
+    def _observe_error(
+        self, jobset: dict[str, Any], pool: NodePoolInfo, demand: Callable[[], capacity.Demand]
+    ) -> backoff.Failure:
+        """Record an ERROR pool's attempt with the slice's options (what its pods select, by
+        ``demand``), so the record says whether the next attempt falls back or backs off."""
         try:
-            choices = slice_options(
-                self.settings, template_demand(jobset, rjob), policy_of(self.settings, jobset), self.cluster()
-            )
+            choices = slice_options(self.settings, demand(), policy_of(self.settings, jobset), self.cluster())
             keys = [o.key for o in choices]
-        except Refused as exc:  # a bad policy must not stop the sweep: back off as without one
-            logs.decision(
-                log, "fallback.no_policy", f"{pool.name}: {exc.why}", logging.WARNING, pool=pool.name
-            )
+        except Refused as exc:  # a policy (or selection) gone bad: back off as without a policy
+            why = f"{pool.name}: {exc.why}"
+            logs.decision(log, "fallback.no_policy", why, logging.WARNING, pool=pool.name)
             keys = []
         return self.backoff.observe(
             jobset,
@@ -129,11 +127,11 @@ class Fallback:
             self.backoff.recycled(jobset, [pool.name])
             logs.decision(log, "fallback.recycled", f"deleted {pool.name}: {why}", pool=pool.name)
 
-    def held(self, jobset: dict[str, Any]) -> dict[str, str]:
-        """Pools of this JobSet that must not be created yet, with why (their backoff runs)."""
+    def held(self, failures: Mapping[str, backoff.Failure]) -> dict[str, str]:
+        """Pools of a JobSet (its ``failures`` record) that must not be created yet, with why."""
         now = self.backoff.clock()
         held: dict[str, str] = {}
-        for name, failure in backoff.failures(jobset).items():
+        for name, failure in failures.items():
             wait = backoff.retry_at(self.settings, failure) - now
             if wait > 0:
                 held[name] = (
@@ -143,4 +141,4 @@ class Fallback:
         return held
 
 
-__all__ = ["Fallback"]
+__all__ = ["Attempts", "Fallback"]

@@ -28,7 +28,7 @@ from shared.core.errors import (
 )
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
-from shared.provisioning.fallback import Fallback
+from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools
 from shared.provisioning.policies import WorkloadPolicies
@@ -44,7 +44,7 @@ from shared.provisioning.requests import (
     pod_created_at,
     pod_ref,
 )
-from shared.tpu import catalog
+from shared.tpu import capacity, catalog
 from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -218,13 +218,17 @@ class Provisioner:
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
-        held = self.fallback.held(jobset)
+        failures = backoff.failures(jobset)
+        held = self.fallback.held(failures)
         if existing is None and spec.name in held:
             return self._done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
         try:  # each attempt's capacity: the policy's first option, or the recorded fallback
-            spec = self.fallback.spec(request, jobset, spec)
+            attempts = Attempts(self.fallback.options(request, jobset), failures)
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc, spec.name)
+        option = attempts.option(spec.name)
+        if capacity.key_of_spec(spec) != option.key:  # built on the pod's own choice: rebuild
+            spec, _ = build_node_pool(self.settings, request, self.cluster(), option)
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
@@ -237,14 +241,10 @@ class Provisioner:
             sibling = dataclasses.replace(
                 request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
             )
-            sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster())
-            if (
-                sibling_spec.name in listed
-                or sibling_spec.name in held
-                or self.known_pools.known(sibling_spec.name)
-            ):
+            name = sibling.pool_name
+            if name in listed or name in held or self.known_pools.known(name):
                 continue
-            sibling_spec = self.fallback.spec(sibling, jobset, sibling_spec)
+            sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster(), attempts.option(name))
             wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
         try:
             outcomes = self._create_all(pod, wanted, shape, pools, budget, request, jobset)
@@ -303,9 +303,10 @@ class Provisioner:
             sendable = sendable[:free]
 
         def send(item: Create) -> None:
+            why = create_why(item, shape)
             if self.policies is not None:  # GKE needs the pool's workload policy to exist first
-                self.policies.ensure_for(item.spec, create_why(item, shape))
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, create_why(item, shape))
+                self.policies.ensure_for(item.spec, why)
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
 
         result = fan_out(sendable, send, self.settings.create_concurrency, budget)
         failures: list[TransientError] = []

@@ -69,7 +69,7 @@ class Reconciler:
         self.clock = clock
         self.releaser = Releaser(settings, gke, kube)
         self.provisioner = Provisioner(settings, gke, kube, wall_clock=clock, policies=policies)
-        self.backoff = backoff.Backoff(settings, kube, clock)
+        self.backoff = self.provisioner.backoff  # one failure record writer for the whole sweep
 
     def sweep(self) -> Summary:
         """Run one sweep. Raises TransientError (after doing all it could) if part of it must be retried."""
