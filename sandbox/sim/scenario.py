@@ -22,6 +22,7 @@ from typing import Any
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
 from sandbox.sim.pubsub import SimSubscription
+from sandbox.sim.scheduler import schedule
 from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeKube
 from shared.core import logs
@@ -30,7 +31,6 @@ from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import slice_request
 
 PROVISION_TIMEOUT = 60.0  # infra: the provision service's request timeout
 
@@ -110,7 +110,6 @@ def _run(config: SimConfig, resume: Callable[[Provisioner], Any] | None) -> SimR
     pods = expand_pods(jobset)
     for pod in pods:
         kube.add_pod(pod)
-    pool_of = {pod["metadata"]["name"]: slice_request(pod).pool_name for pod in pods}
     longest = [0.0]
     provision_sub: SimSubscription
 
@@ -140,28 +139,12 @@ def _run(config: SimConfig, resume: Callable[[Provisioner], Any] | None) -> SimR
 
     provision_sub = SimSubscription(sim, provision, delay=config.export_delay)
 
-    def pending(pod: dict[str, Any]) -> bool:
-        return gke.pools.get(pool_of[pod["metadata"]["name"]], None) is None or (
-            gke.pools[pool_of[pod["metadata"]["name"]]].status != "RUNNING"
-        )
-
-    def failed_scheduling(pod: dict[str, Any]) -> None:
-        if not pending(pod):
-            # The pool is up: the scheduler binds the pod, which stops being a candidate.
-            stored = kube.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])]
-            stored["spec"]["nodeName"] = f"{pool_of[pod['metadata']['name']]}-node"
-            stored["status"] = {"phase": "Running"}
-            return
-        provision_sub.publish(("pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
-        sim.after(config.failed_scheduling_every, lambda: failed_scheduling(pod))
-
     def sweep() -> None:
         with contextlib.suppress(TransientError):  # the scheduler tick comes again anyway
             timed(reconciler.sweep)
         sim.after(config.reconcile_period, sweep)
 
-    for pod in pods:
-        sim.at(0.0, lambda pod=pod: failed_scheduling(pod))
+    schedule(sim, kube, gke, pods, provision_sub.publish, config.failed_scheduling_every)
     sim.at(config.reconcile_period, sweep)
 
     def all_running() -> bool:

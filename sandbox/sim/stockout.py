@@ -15,13 +15,12 @@ import contextlib
 import dataclasses
 import io
 import logging
-import random
-from typing import Any
 
 from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
 from sandbox.sim.pubsub import SimSubscription
+from sandbox.sim.scheduler import schedule
 from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeKube
 from shared.core import labels, logs
@@ -30,7 +29,6 @@ from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import slice_request
 
 ZONE = "us-central2-b"
 
@@ -103,7 +101,6 @@ def _run(config: StockoutConfig) -> StockoutResult:
     pods = expand_pods(jobset)
     for pod in pods:
         kube.add_pod(pod)
-    pool_of = {pod["metadata"]["name"]: slice_request(pod).pool_name for pod in pods}
     most = [0]
 
     def finished(operation: str, pool: str) -> None:
@@ -125,27 +122,13 @@ def _run(config: StockoutConfig) -> StockoutResult:
 
     subscription = SimSubscription(sim, deliver, delay=config.export_delay)
 
-    def running(pod: dict[str, Any]) -> bool:
-        pool = gke.pools.get(pool_of[pod["metadata"]["name"]])
-        return pool is not None and pool.status == "RUNNING"
-
-    def failed_scheduling(pod: dict[str, Any]) -> None:
-        if running(pod):
-            stored = kube.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])]
-            stored["spec"]["nodeName"] = f"{pool_of[pod['metadata']['name']]}-node"
-            stored["status"] = {"phase": "Running"}
-            return
-        subscription.publish(("pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
-        sim.after(config.failed_scheduling_every, lambda: failed_scheduling(pod))
-
     def sweep() -> None:
         with contextlib.suppress(TransientError):
             reconciler.sweep()
         most[0] = max(most[0], _pools_per_slice(gke))
         sim.after(config.reconcile_period, sweep)
 
-    for pod in pods:
-        sim.at(random.Random(config.seed).uniform(0, 1), lambda pod=pod: failed_scheduling(pod))
+    schedule(sim, kube, gke, pods, subscription.publish, config.failed_scheduling_every)
     sim.at(config.reconcile_period, sweep)
 
     def landed() -> bool:
