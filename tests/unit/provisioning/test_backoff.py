@@ -8,6 +8,7 @@ saying what happens next and when.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -341,3 +342,18 @@ def test_a_failed_pool_of_a_jobset_that_is_gone_is_deleted_without_waiting(
     del kube.jobsets[("team-a", "a")]
     assert Reconciler(SETTINGS, gke, kube, clock=clock).sweep().deleted == 1
     assert gke.managed_names(CLUSTER) == []
+
+
+def test_an_attempt_is_logged_as_failed_once_however_often_it_is_seen(
+    gke: FakeGke, kube: FakeKube, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stockout metric counts backoff.failed lines: one per attempt, not one per sighting.
+    pods = submit(kube)
+    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    pending(provision, pods[0])
+    stock_out(gke)
+    with caplog.at_level(logging.INFO, logger="tpuprov.backoff"):
+        for _ in range(3):
+            pending(provision, pods[0])
+    events = [r.fields["event"] for r in caplog.records if r.name == "tpuprov.backoff"]
+    assert events == ["backoff.failed", "backoff.seen", "backoff.seen"]

@@ -214,3 +214,24 @@ def test_a_policy_broken_after_the_create_backs_off_instead_of_failing_the_deliv
     [entry] = record(kube).values()
     assert (entry.get("next"), entry["rounds"]) == (None, 1)  # no fallback: back off
     assert gke.managed_names(CLUSTER)  # the failed pool waits out its backoff
+
+
+@pytest.mark.parametrize("answer", ["429", "incompatible"])
+def test_a_fallback_delete_gke_refuses_for_now_is_redelivered_and_then_done(
+    gke: FakeGke, kube: FakeKube, clock: Clock, answer: str
+) -> None:
+    created = Recorder(gke)
+    pods = submit(kube)
+    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    pending(provision, pods[0])
+    stock_out(gke)
+    gke.fail("delete", answer)  # every operation slot taken, or another operation on the cluster
+    with pytest.raises(TransientError):
+        pending(provision, pods[0])
+    assert gke.managed_names(CLUSTER)  # the failed pool is still there; nothing was created beside it
+    assert pending(provision, pods[0]) == EXISTS  # the redelivery deletes it
+    assert gke.managed_names(CLUSTER) == []
+    assert pending(provision, pods[0]) == CREATED
+    assert created.seen == [f"spot@{B}", f"spot@{A}"]
+    [entry] = record(kube).values()
+    assert entry["attempts"] == 1  # the refused delete did not count as another failed attempt
