@@ -7,10 +7,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from shared.core.names import SliceId
+
 # How long an instance trusts that a pool it saw (or created) still exists. A burst of duplicate
 # events for a slice then costs one read (the pod) instead of two; a pool deleted meanwhile is
 # requested again by the first event after this window (or by reconcile).
 KNOWN_POOL_TTL_SECONDS = 30.0
+
+
+def group_of(slice_id: SliceId) -> str:
+    """The single-flight key of a slice: its replicated job (one incarnation of the JobSet).
+
+    Provision requests a whole replicated job at once, so every path that may create one of its
+    pools in this instance (a pending pod's event, a resume after a finished operation) holds it.
+    """
+    return f"{slice_id.namespace}/{slice_id.jobset}/{slice_id.jobset_uid}/{slice_id.replicated_job}"
 
 
 class KnownPools:

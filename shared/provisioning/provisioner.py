@@ -30,7 +30,7 @@ from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.fanout import fan_out
-from shared.provisioning.known import KnownPools
+from shared.provisioning.known import KnownPools, group_of
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.requests import (
     Create,
@@ -161,10 +161,7 @@ class Provisioner:
             return self._request(pod, request, spec, shape, slice_desc, pools)
         # One decision at a time per replicated job in this instance: the first event requests the
         # whole group, the others then find their pool remembered instead of racing to a 409.
-        sid = request.slice_id
-        with self.known_pools.single_flight(
-            f"{sid.namespace}/{sid.jobset}/{sid.jobset_uid}/{sid.replicated_job}"
-        ):
+        with self.known_pools.single_flight(group_of(request.slice_id)):
             if self.known_pools.known(spec.name, pod_created_at(pod)):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return self._done(Outcome(EXISTS, why, spec.name, slice_desc))

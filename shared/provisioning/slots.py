@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, Refused
+from shared.provisioning.known import group_of
+from shared.provisioning.requests import pod_created_at
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
@@ -68,15 +70,23 @@ def resume(provisioner: Provisioner, pool: str = "") -> list[str]:
     done: set[str] = set()
     for pod in pods:
         try:
-            name = slice_request(pod).pool_name
+            request = slice_request(pod)
         except (NotEligible, Refused):
             continue
+        name = request.pool_name
         existing = next((p for p in pools if p.name == name), None)
         if name in done or (existing is not None and existing.status != STATUS_ERROR):
             continue
         if existing is None and free(provisioner.operation_limit, pools) == 0:
             continue  # no slot for a create; failed pools further down are still reported
-        outcome = provisioner.provision_pod(pod, pools=pools)
+        # A pending pod's event in this instance may be creating this group right now (its create
+        # landed after the listing above): wait for it, and leave a pool it just created alone
+        # instead of sending a second create that GKE answers 409.
+        with provisioner.known_pools.single_flight(group_of(request.slice_id)):
+            if existing is None and provisioner.known_pools.known(name, pod_created_at(pod)):
+                done.add(name)
+                continue
+            outcome = provisioner.provision_pod(pod, pools=pools)
         requested += outcome.requested
         done.update(outcome.requested)
         done.add(name)

@@ -7,6 +7,8 @@ assertion counts calls, pools and outcomes.
 from __future__ import annotations
 
 import datetime
+import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -228,3 +230,48 @@ def test_fan_out_settings_parse_and_validate():
     for name in ("CREATE_CONCURRENCY", "REQUEST_DEADLINE_SECONDS", "KUBE_LIST_PAGE_SIZE"):
         with pytest.raises(InvalidInputError, match=name):
             Settings.from_env({name: "0"})
+
+
+class RacingKube(FakeKube):
+    """Runs ``during_read`` once, the first time provision reads the JobSet (after it listed the pools)."""
+
+    during_read: Callable[[], None] | None = None
+
+    def get_jobset(self, namespace: str, name: str) -> dict:
+        hook, self.during_read = self.during_read, None
+        if hook is not None:
+            hook()
+        return super().get_jobset(namespace, name)
+
+
+def test_a_resume_racing_a_pending_pods_event_sends_no_second_create():
+    # A finished operation's resume lists the pools while a pending pod's event in the same instance
+    # is between its own listing and its creates: both see the group missing.
+    gke, kube = FakeGke(), RacingKube()
+    pods = submit(kube, replicas=2)
+    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS)
+    listed = threading.Event()
+    resumed: list[list[str]] = []
+    gke_list = gke.list_node_pools
+
+    def list_then_signal(cluster: str) -> list[NodePoolInfo]:
+        pools = gke_list(cluster)
+        if threading.current_thread().name == "resume":
+            listed.set()
+        return pools
+
+    gke.list_node_pools = list_then_signal  # type: ignore[method-assign]
+    resume = threading.Thread(target=lambda: resumed.append(service.resume()), name="resume")
+
+    def start_resume_and_wait_for_its_listing() -> None:
+        resume.start()
+        assert listed.wait(5)
+
+    kube.during_read = start_resume_and_wait_for_its_listing
+    assert deliver(service, pods[0]) == CREATED
+    resume.join(5)
+
+    # The resume waited for the event's decision and found both pools just created: nothing sent.
+    assert resumed == [[]]
+    assert gke.count("create") == 2
+    assert len(gke.managed_names(CLUSTER)) == 2
