@@ -13,8 +13,9 @@ from shared.app.entry import Runtime
 from shared.core import logs
 from shared.events import envelope as events
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
+from shared.provisioning.outcomes import CREATED, SKIPPED, Outcome
 from shared.provisioning.policies import WorkloadPolicies
-from shared.provisioning.provisioner import CREATED, SKIPPED, Outcome, Provisioner
+from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
 from shared.provisioning.releaser import Releaser
 

@@ -31,6 +31,7 @@ from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KnownPools, group_of
+from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, done
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.requests import (
     Create,
@@ -57,27 +58,6 @@ from shared.tpu.nodepools import (
 from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 log = logs.get("provision")
-
-
-# Outcome names double as the stable `event` field of the decision log line (prefixed "provision.").
-CREATED = "created"
-EXISTS = "exists"
-SKIPPED = "skipped"
-REFUSED = "refused"
-FAILED = "failed"
-WAITING = "waiting"  # every GKE operation slot is taken: a finished operation (or reconcile) resumes it
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What the service decided for one pod, for logs, tests and the reconcile summary."""
-
-    result: str
-    why: str
-    pool: str = ""
-    slice: str = ""
-    requested: tuple[str, ...] = ()  # every pool this call created (its own and its siblings')
-    fallback: str = ""  # the capacity option a failed create falls back to at once (redelivery)
 
 
 class Provisioner:
@@ -124,13 +104,13 @@ class Provisioner:
         if event_time is not None:
             age = (datetime.datetime.now(tz=datetime.UTC) - event_time).total_seconds()
             if age > self.settings.max_event_age_seconds:
-                return self._done(
+                return done(
                     Outcome(SKIPPED, f"event is {age:.0f}s old (max {self.settings.max_event_age_seconds}s)")
                 )
         try:
             pod = self.kube.get_pod(namespace, pod_name)
         except NotFoundError:
-            return self._done(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
+            return done(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
         return self.provision_pod(pod)
 
     def provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
@@ -145,7 +125,7 @@ class Provisioner:
         try:
             request = slice_request(pod)
         except NotEligible as exc:
-            return self._done(Outcome(SKIPPED, f"pod {who}: {exc.why}"))
+            return done(Outcome(SKIPPED, f"pod {who}: {exc.why}"))
         except Refused as exc:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()
@@ -164,7 +144,7 @@ class Provisioner:
         with self.known_pools.single_flight(group_of(request.slice_id)):
             if self.known_pools.known(spec.name, pod_created_at(pod)):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
-                return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+                return done(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
             return self._request(pod, request, spec, shape, slice_desc, pools)
 
@@ -195,7 +175,7 @@ class Provisioner:
                 else:
                     why += "; reconcile recycles it once its stockout backoff is over"
             if settled or not group_incomplete(pod, request, pools):
-                return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+                return done(Outcome(EXISTS, why, spec.name, slice_desc))
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
             # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
             # read below decides, not the pod's claim).
@@ -203,22 +183,20 @@ class Provisioner:
             # Every operation slot is taken: nothing could be sent. Acknowledge cheaply (no JobSet read)
             # and let the next finished operation resume the group.
             why = f"waiting for a GKE operation slot (all {self.operation_limit} in use)"
-            return self._done(Outcome(WAITING, why, spec.name, slice_desc))
+            return done(Outcome(WAITING, why, spec.name, slice_desc))
         # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
         # once per slice group, not per event.
         try:
             jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
         except NotFoundError:
-            return self._done(
-                Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc)
-            )
+            return done(Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc))
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
         failures = backoff.failures(jobset)
         held = self.fallback.held(failures)
         if existing is None and spec.name in held:
-            return self._done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
+            return done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
         try:  # each attempt's capacity: the policy's first option, or the recorded fallback
             attempts = Attempts(self.fallback.options(request, jobset), failures)
         except Refused as exc:
@@ -346,7 +324,7 @@ class Provisioner:
         if isinstance(error, AlreadyExistsError):
             self.known_pools.remember(spec.name)
             why = f"pool {spec.name} already exists (409)"
-            return self._done(Outcome(EXISTS, why, spec.name, slice_desc))
+            return done(Outcome(EXISTS, why, spec.name, slice_desc))
         if isinstance(error, RejectedError):
             self.kube.record_event(
                 pod_ref(pod),
@@ -354,7 +332,7 @@ class Provisioner:
                 f"GKE rejected pool {spec.name}: {error.why}",
                 warning=True,
             )
-            return self._done(
+            return done(
                 Outcome(FAILED, f"GKE rejected pool {spec.name}: {error.why}", spec.name, slice_desc),
                 logging.ERROR,
             )
@@ -374,7 +352,7 @@ class Provisioner:
         # How long the slice's pod waited before its pool was requested (a dashboard distribution).
         created_at = pod_created_at(pod)
         waited = round(max(0.0, time.time() - created_at), 1) if created_at else None
-        return self._done(Outcome(CREATED, why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
+        return done(Outcome(CREATED, why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
 
     def _capacity_refused(self, item: Create, jobset: dict[str, Any], reason: str) -> Outcome:
         """GKE refused a create for quota or its reservation: a failed attempt of the slice (no pool
@@ -385,7 +363,7 @@ class Provisioner:
         if failure.next:
             why += f"; falling back to {failure.next}"
         outcome = Outcome(FAILED, why, spec.name, item.slice_desc, fallback=failure.next)
-        return self._done(outcome, logging.WARNING)
+        return done(outcome, logging.WARNING)
 
     def _defer(
         self,
@@ -421,16 +399,4 @@ class Provisioner:
 
     def _refuse(self, pod: dict[str, Any], why: str, slice_desc: str, pool: str = "") -> Outcome:
         self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
-        return self._done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
-
-    def _done(self, outcome: Outcome, level: int = logging.INFO, **fields: Any) -> Outcome:
-        logs.decision(
-            log,
-            f"provision.{outcome.result}",
-            outcome.why,
-            level,
-            pool=outcome.pool,
-            slice=outcome.slice,
-            **fields,
-        )
-        return outcome
+        return done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)

@@ -24,7 +24,8 @@ from sandbox.bench.procs import REFERENCE_TARGET
 from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core.settings import Settings
-from shared.provisioning.provisioner import CREATED, EXISTS, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS
+from shared.provisioning.provisioner import Provisioner
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_STOPPING
 from tpuprov import main as cli

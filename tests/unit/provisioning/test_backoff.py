@@ -19,7 +19,8 @@ from shared.core import labels
 from shared.core.errors import InvalidInputError, TransientError
 from shared.core.settings import Settings
 from shared.provisioning import backoff
-from shared.provisioning.provisioner import CREATED, EXISTS, FAILED, SKIPPED, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, SKIPPED
+from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_PROVISIONING, STATUS_RUNNING

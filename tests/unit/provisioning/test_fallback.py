@@ -11,7 +11,8 @@ from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import TransientError
-from shared.provisioning.provisioner import CREATED, EXISTS, SKIPPED, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS, SKIPPED
+from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
 from tests.unit.provisioning.test_backoff import (

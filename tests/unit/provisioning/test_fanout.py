@@ -20,7 +20,8 @@ from shared.core.errors import InvalidInputError, OperationLimitError, RejectedE
 from shared.core.settings import Settings
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
-from shared.provisioning.provisioner import CREATED, EXISTS, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS
+from shared.provisioning.provisioner import Provisioner
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 

@@ -14,8 +14,9 @@ from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import RejectedError, TransientError
 from shared.core.settings import Settings
+from shared.provisioning.outcomes import CREATED, FAILED
 from shared.provisioning.policies import WorkloadPolicies
-from shared.provisioning.provisioner import CREATED, FAILED, Provisioner
+from shared.provisioning.provisioner import Provisioner
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolSpec, Placement, WorkloadPolicyInfo
 

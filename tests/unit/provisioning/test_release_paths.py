@@ -17,7 +17,8 @@ from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import TransientError
 from shared.core.settings import Settings
-from shared.provisioning.provisioner import CREATED, EXISTS, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS
+from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.provisioning.releaser import Releaser
 from shared.tpu.jobsets import expand_pods

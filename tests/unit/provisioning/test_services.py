@@ -9,7 +9,8 @@ from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.errors import TransientError
 from shared.core.settings import Settings
-from shared.provisioning.provisioner import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, Provisioner
+from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED
+from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.provisioning.releaser import Releaser
 from shared.tpu.jobsets import expand_pods
