@@ -150,11 +150,17 @@ def pool_rows(
     }
     node_pool: dict[str, str] = {}
     node_labels: dict[str, list[Mapping[str, str]]] = {}
+    # GKE's NodePool carries no creation time: a pool's age is its oldest node's, which is also when
+    # it started to cost money (a pool without nodes has no VMs to pay for).
+    oldest: dict[str, datetime.datetime] = {}
     for node in nodes:
         meta = node.get("metadata") or {}
         pool_name = (meta.get("labels") or {}).get(labels.NODEPOOL, "")
         node_pool[str(meta.get("name", ""))] = pool_name
         node_labels.setdefault(pool_name, []).append(meta.get("labels") or {})
+        created = _parse_time(str(meta.get("creationTimestamp", "")))
+        if created and (pool_name not in oldest or created < oldest[pool_name]):
+            oldest[pool_name] = created
     running: dict[str, set[str]] = {}
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
@@ -178,13 +184,19 @@ def pool_rows(
         generation, chips_per_vm = shapes.get(pool.machine_type, ("?", 0))
         chips = chips_per_vm * pool.node_count
         capacity = capacity_of(pool, node_labels.get(pool.name, []))
-        created = _parse_time(pool.create_time)
+        has_nodes = bool(node_labels.get(pool.name))
+        created = oldest.get(pool.name)
         age = (now - created).total_seconds() if created else None
         hourly = prices.per_hour(generation, capacity, chips)
         # A flex-start pool exists before its VMs do: while it has no nodes it waits and costs nothing.
-        waiting = pool.flex_start and pool.status == "RUNNING" and not node_labels.get(pool.name)
-        if waiting:
+        # Nor does a pool in ERROR without nodes (a stockout left no VMs behind).
+        waiting = pool.flex_start and pool.status == "RUNNING" and not has_nodes
+        if hourly is not None and not has_nodes and (waiting or pool.status == "ERROR"):
             hourly = 0.0
+        if hourly is None:
+            so_far = None
+        else:
+            so_far = round(hourly * age / 3600, 2) if age is not None else 0.0 if not has_nodes else None
         on_it = tuple(sorted(running.get(pool.name, set())))
         rows.append(
             PoolRow(
@@ -201,7 +213,7 @@ def pool_rows(
                 age_seconds=age,
                 running=on_it,
                 cost_per_hour=None if hourly is None else round(hourly, 2),
-                cost_so_far=None if hourly is None or age is None else round(hourly * age / 3600, 2),
+                cost_so_far=so_far,
                 leak=state in ("gone", "completed", "failed", "deleting", "recreated") and not on_it,
                 message=pool.status_message,
                 handed_over_from=pool.labels.get(labels.HANDED_OVER_FROM, ""),
@@ -223,9 +235,9 @@ def totals(rows: Sequence[PoolRow]) -> dict[str, Any]:
 
 
 def _age(seconds: float | None) -> str:
-    # kubectl's AGE style: the two largest units
+    # kubectl's AGE style: the two largest units; "-" for a pool without nodes (no age to tell)
     if seconds is None:
-        return "?"
+        return "-"
     s = max(0, int(seconds))
     days, hours, minutes = s // 86400, s % 86400 // 3600, s % 3600 // 60
     if days:

@@ -87,7 +87,6 @@ class NodePoolInfo:
     node_locations: tuple[str, ...] = ()
     status_message: str = ""
     tpu_topology: str = ""
-    create_time: str = ""
     spot: bool = False
     reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
     flex_start: bool = False

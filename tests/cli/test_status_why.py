@@ -9,7 +9,6 @@ JobSet uids are fixed and the clock is pinned, so names, ages and costs are stab
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 GOLDEN = Path(__file__).parent / "golden"
 NOW = datetime.datetime(2026, 11, 23, 12, 0, tzinfo=datetime.UTC)
-CREATED = "2026-11-23T09:30:00Z"  # every pool was created 2.5 h before NOW
+CREATED = "2026-11-23T09:30:00Z"  # every node was created 2.5 h before NOW
 
 
 def _uid(n: int) -> str:
@@ -133,8 +132,10 @@ def cluster(world: Any) -> dict[str, Any]:
 
 
 def _rows(view: ClusterView) -> list[status.PoolRow]:
-    pools = [dataclasses.replace(p, create_time=CREATED) for p in view.pools()]
-    return status.pool_rows(pools, view.jobsets(), view.pods(), view.nodes(), status.Prices.load(), NOW)
+    nodes = view.nodes()
+    for node in nodes:  # the API server stamps nodes with the wall clock: pin them to the fixture's time
+        node["metadata"]["creationTimestamp"] = CREATED
+    return status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, status.Prices.load(), NOW)
 
 
 def _golden(name: str, text: str) -> None:
