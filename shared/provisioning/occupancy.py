@@ -26,9 +26,10 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.names import label_value_problem
 from shared.core.settings import Settings
+from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import condition, expand_pods, pod_jobset_value
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
-from shared.tpu.slices import build_node_pool, slice_request
+from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options, slice_request
 
 DELETE = "delete"
 KEEP = "keep"
@@ -72,13 +73,20 @@ class Shape:
     spot: bool
     reservation: str
     extra_labels: tuple[tuple[str, str], ...]
+    flex_start: bool = False
+    zone: str = ""  # every pool the product makes has exactly one zone
 
 
 @dataclasses.dataclass(frozen=True)
 class Demand:
-    """A slice some waiting JobSet needs, by shape (``who`` names it for logs)."""
+    """A slice some waiting JobSet needs (``who`` names it for logs).
 
-    shape: Shape
+    ``shapes``: every pool shape the slice may run on, one per option of its capacity policy (the
+    pod's own choice without one), so a Spot pool made by a ``spot, on-demand`` policy is held for
+    a queued JobSet with that policy even though its pods select nothing.
+    """
+
+    shapes: tuple[Shape, ...]
     namespace: str
     name: str
     uid: str
@@ -110,6 +118,8 @@ def spec_shape(spec: NodePoolSpec) -> Shape:
         spot=spec.spot,
         reservation=spec.reservation.value if spec.reservation else "",
         extra_labels=_copied(spec.labels),
+        flex_start=spec.flex_start,
+        zone=_zone(spec.node_locations),
     )
 
 
@@ -122,7 +132,13 @@ def pool_shape(pool: NodePoolInfo) -> Shape:
         spot=pool.spot,
         reservation=pool.reservation,
         extra_labels=_copied(pool.labels),
+        flex_start=pool.flex_start,
+        zone=_zone(pool.node_locations),
     )
+
+
+def _zone(locations: Sequence[str]) -> str:
+    return locations[0] if len(locations) == 1 else ""
 
 
 def is_live(jobset: Mapping[str, Any] | None) -> bool:
@@ -244,7 +260,7 @@ def decide(
         return Decision(DELETE, verdict.why)  # only a working pool is worth holding for someone
     shape = pool_shape(pool)
     taker = next(
-        (d for d in demand if d.shape == shape and (d.namespace, d.name, d.uid) != (namespace, name, uid)),
+        (d for d in demand if shape in d.shapes and (d.namespace, d.name, d.uid) != (namespace, name, uid)),
         None,
     )
     if taker is not None and idle_seconds < settings.idle_pool_seconds:
@@ -274,15 +290,30 @@ def demand(
     for jobset in jobsets:
         if not (is_live(jobset) and (jobset.get("spec") or {}).get("suspend")):
             continue
+        try:
+            policy = policy_of(settings, jobset)
+        except Refused:
+            policy = ()  # its pods will be refused with the reason; hold pools for its own choice only
         for planned in expand_pods(dict(jobset)):
             try:
                 request = slice_request(planned)
-                spec, _ = build_node_pool(settings, request)
+                if request.pool_name in seen or request.pool_name in existing:
+                    continue
+                shapes = _shapes(settings, request, policy)
             except (NotEligible, Refused):
                 continue
-            if spec.name in seen or spec.name in existing:
-                continue
-            seen.add(spec.name)
+            seen.add(request.pool_name)
             sid = request.slice_id
-            found.append(Demand(spec_shape(spec), sid.namespace, sid.jobset, sid.jobset_uid, sid.describe()))
+            found.append(Demand(shapes, sid.namespace, sid.jobset, sid.jobset_uid, sid.describe()))
     return found
+
+
+def _shapes(
+    settings: Settings, request: SliceRequest, policy: tuple[CapacityOption, ...]
+) -> tuple[Shape, ...]:
+    """The shape of the slice's pool on each capacity option its policy allows it."""
+    try:
+        choices: tuple[CapacityOption | None, ...] = slice_options(settings, request.demand, policy)
+    except Refused:
+        choices = (None,)
+    return tuple(dict.fromkeys(spec_shape(build_node_pool(settings, request, option=o)[0]) for o in choices))

@@ -187,6 +187,53 @@ def test_recreated_jobset_of_the_same_name_never_loses_a_pod(stack: Stack) -> No
         assert gke_requests(stack, "delete", pool) >= 1
 
 
+def test_an_idle_spot_pool_is_held_for_a_waiting_jobset_whose_capacity_policy_allows_spot(
+    stack: Stack,
+) -> None:
+    # Neither JobSet's pods select capacity; their policy puts Spot first, so the first one's pools
+    # are Spot. The second waits suspended when the first completes: its policy allows Spot, so the
+    # idle pools are held for it (not deleted) and it runs on them once resumed.
+    policy = {labels.CAPACITY_POLICY: "spot, on-demand"}
+    first = v5e("spot-a", 2, run_seconds=3, queue="reuse")
+    first["metadata"]["annotations"] = policy
+    second = exclusive_tpu_jobset(
+        "spot-b", replicas=2, accelerator=V5E, topology="2x4", chips_per_vm=4, run_seconds=8
+    )
+    second["metadata"]["annotations"] = policy
+    second["spec"]["suspend"] = True  # waiting (as a Kueue-queued JobSet waits), not yet admitted
+    with PoolWatch(stack) as watch:
+        submit(stack, first)
+        stack.wait_for(lambda: running_pods(stack, "spot-a", 4), 30, "the first JobSet to run")
+        first_pools = sorted(p["name"] for p in owned_pools(stack, "spot-a"))
+        assert len(first_pools) == 2
+        assert all(p["config"].get("spot") for p in owned_pools(stack, "spot-a"))
+        submit(stack, second)
+
+        assert wait_finished(stack, "spot-a", 30) == "Completed"
+        stack.wait_for(
+            lambda: {d.get("pool") for d in stack.decisions("release.offered")} >= set(first_pools),
+            20,
+            "the idle Spot pools to be held for the waiting JobSet",
+        )
+        waiting = stack.jobset("default", "spot-b")
+        assert waiting is not None
+        waiting["spec"]["suspend"] = False
+        stack.kube.put(waiting)
+        stack.wait_for(lambda: running_pods(stack, "spot-b", 4), 20, "the second JobSet to run")
+        # The pods bound to the held pools without a pending event: the sweep records the new owner.
+        stack.trigger_reconcile()
+        stack.wait_for(lambda: len(owned_pools(stack, "spot-b")) == 2, 15, "the pools to be adopted")
+        assert wait_finished(stack, "spot-b", 40) == "Completed"
+        wait_released(stack, "spot-a", 20)
+        wait_released(stack, "spot-b", 20)
+
+    assert successful_creates(stack, "spot-b") == {}  # it ran on the first JobSet's Spot pools
+    for pool in first_pools:
+        assert watch.carried_by(pool)[:2] == ["spot-a", "spot-b"], watch.owners[pool]
+    assert restarts(stack, "spot-b") == 0
+    assert_user_view(watch, stack, "spot-a", "spot-b")
+
+
 def test_two_same_shape_jobsets_admitted_together_get_one_pool_per_slice(stack: Stack) -> None:
     with PoolWatch(stack) as watch:
         # Holding the simulation lock makes Kueue see both JobSets in the same pass.

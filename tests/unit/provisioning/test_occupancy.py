@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from sandbox.testing.builders import tpu_jobset
+from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.occupancy import (
@@ -25,6 +27,7 @@ from shared.provisioning.occupancy import (
     pool_shape,
     spec_shape,
 )
+from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
@@ -128,15 +131,15 @@ def test_a_pool_without_nodes_has_no_occupant() -> None:
     assert occupants(POOL, [], [pod("new", "u-new")], LIVE) == []
 
 
-SAME_SHAPE = Demand(pool_shape(POOL), "team-a", "queued", "u-q", "team-a/queued w[0]")
+SAME_SHAPE = Demand((pool_shape(POOL),), "team-a", "queued", "u-q", "team-a/queued w[0]")
 OTHER_SHAPE = Demand(
-    pool_shape(NodePoolInfo(name="x", status="RUNNING", machine_type="ct6e-standard-8t")),
+    (pool_shape(NodePoolInfo(name="x", status="RUNNING", machine_type="ct6e-standard-8t")),),
     "team-a",
     "q",
     "u",
     "q",
 )
-OWN_DEMAND = Demand(pool_shape(POOL), "team-a", "old", "u-old", "team-a/old w[0]")
+OWN_DEMAND = Demand((pool_shape(POOL),), "team-a", "old", "u-old", "team-a/old w[0]")
 
 
 @pytest.mark.parametrize(
@@ -265,8 +268,8 @@ QUEUED = _queued("queued")
 @pytest.mark.parametrize(
     ("jobsets", "existing", "expected"),
     [
-        ([QUEUED], [], [s for _, s in _slices(QUEUED)]),
-        ([QUEUED], [n for n, _ in _slices(QUEUED)][:1], [s for _, s in _slices(QUEUED)][1:]),
+        ([QUEUED], [], [(s,) for _, s in _slices(QUEUED)]),
+        ([QUEUED], [n for n, _ in _slices(QUEUED)][:1], [(s,) for _, s in _slices(QUEUED)][1:]),
         ([tpu_jobset("running", "team-a")], [], []),
         ([_queued("done", status={"conditions": [{"type": "Completed", "status": "True"}]})], [], []),
         (
@@ -278,4 +281,66 @@ QUEUED = _queued("queued")
     ids=["suspended", "own-pool-exists", "running", "terminal", "being-deleted"],
 )
 def test_demand(jobsets: list[dict[str, Any]], existing: list[str], expected: list[Any]) -> None:
-    assert [d.shape for d in demand(jobsets, existing, SETTINGS)] == expected
+    assert [d.shapes for d in demand(jobsets, existing, SETTINGS)] == expected
+
+
+ZONES = SETTINGS.with_overrides(node_locations=("us-east5-a", "us-east5-b"))
+
+
+def _idle_pool(settings: Settings, kind: str, zone: str) -> NodePoolInfo:
+    """The pool another JobSet of the same shape got on capacity ``kind`` in ``zone``, as GKE lists it."""
+    gke = FakeGke(release_channel="")
+    request = slice_request(expand_pods(tpu_jobset("old", "team-a", replicas=1))[0])
+    spec, _ = build_node_pool(settings, request, option=CapacityOption(kind, zone))
+    gke.create_node_pool(settings.cluster_path, spec, "test")
+    [pool] = gke.list_node_pools(settings.cluster_path)
+    return dataclasses.replace(pool, status="RUNNING")
+
+
+def _waiting(policy: str | None = None, zone: str = "") -> dict[str, Any]:
+    jobset = _queued("queued")
+    if policy is not None:
+        jobset["metadata"]["annotations"] = {labels.CAPACITY_POLICY: policy}
+    if zone:
+        template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        template.setdefault("nodeSelector", {})[labels.ZONE] = zone
+    return jobset
+
+
+@pytest.mark.parametrize(
+    ("settings", "pool", "waiting", "action"),
+    [
+        (SETTINGS, ("spot", "us-east5-b"), _waiting("spot, on-demand"), OFFER),
+        (SETTINGS, ("on-demand", "us-east5-b"), _waiting("spot, on-demand"), OFFER),
+        (SETTINGS, ("spot", "us-east5-b"), _waiting(), DELETE),
+        (SETTINGS, ("on-demand", "us-east5-b"), _waiting(), OFFER),
+        (ZONES, ("on-demand", "us-east5-a"), _waiting(zone="us-east5-b"), DELETE),
+        (ZONES, ("on-demand", "us-east5-b"), _waiting(zone="us-east5-b"), OFFER),
+        (ZONES, ("on-demand", "us-east5-b"), _waiting("on-demand@us-east5-a, on-demand@us-east5-b"), OFFER),
+        (ZONES, ("spot", "us-east5-b"), _waiting("on-demand@us-east5-a, on-demand@us-east5-b"), DELETE),
+        (SETTINGS, ("flex-start", "us-east5-b"), _waiting(), DELETE),
+        (SETTINGS, ("flex-start", "us-east5-b"), _waiting("flex-start"), OFFER),
+        (SETTINGS, ("spot", "us-east5-b"), _waiting("spot, bogus"), DELETE),
+    ],
+    ids=[
+        "spot-pool-policy-spot-first",
+        "on-demand-pool-policy-falls-back-to-it",
+        "spot-pool-no-policy-pods-choose-on-demand",
+        "on-demand-pool-no-policy",
+        "pool-in-a-zone-the-pods-do-not-select",
+        "pool-in-the-zone-the-pods-select",
+        "pool-in-the-policys-second-zone",
+        "spot-pool-policy-on-demand-only",
+        "flex-start-pool-is-not-on-demand",
+        "flex-start-pool-policy-flex-start",
+        "malformed-policy-holds-only-the-pods-own-choice",
+    ],
+)
+def test_an_idle_pool_is_held_for_a_queued_jobset_whose_policy_allows_its_capacity(
+    settings: Settings, pool: tuple[str, str], waiting: dict[str, Any], action: str
+) -> None:
+    # The pool of a finished JobSet, made on one option of its policy; a queued JobSet of the same
+    # TPU shape whose own policy (or pods' choice) decides whether it could run there.
+    idle = _idle_pool(settings, *pool)
+    found = demand([waiting], [idle.name], settings)
+    assert decide(idle, GONE, [], found, 0, settings).action == action
