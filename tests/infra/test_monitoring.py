@@ -95,6 +95,28 @@ class _Source:
             and isinstance(node.value.value, str)
         }
         self.classes = {n.name: n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef)}
+        self.module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        # Names this module imports from the library (`from shared.x import NAME`): name -> module.
+        self.imported = {
+            alias.asname or alias.name: node.module
+            for node in self.tree.body
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shared.")
+            for alias in node.names
+        }
+
+    def home(self, name: str) -> _Source:
+        """The module that defines ``name`` as seen from here (this one unless it is imported)."""
+        origin = self.imported.get(name)
+        return next((s for s in _ALL if s.module == origin), self) if origin else self
+
+    def users(self, name: str) -> list[tuple[_Source, str]]:
+        """This module (defining ``name``) and every module that imports it, with the local name."""
+        found = [(self, name)]
+        for other in _ALL:
+            for local, origin in other.imported.items():
+                if origin == self.module and local == name and other is not self:
+                    found.append((other, local))
+        return found
 
     def where(self, node: ast.AST) -> str:
         return f"{self.path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
@@ -139,6 +161,9 @@ def _resolve(expr: ast.expr, src: _Source, depth: int = 0) -> set[str] | None:
         return None
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return {expr.value}
+    if isinstance(expr, ast.IfExp):
+        branches = [_resolve(b, src, depth + 1) for b in (expr.body, expr.orelse)]
+        return None if None in branches else set().union(*(b for b in branches if b is not None))
     if isinstance(expr, ast.JoinedStr):
         parts: list[set[str]] = []
         for value in expr.values:
@@ -149,19 +174,21 @@ def _resolve(expr: ast.expr, src: _Source, depth: int = 0) -> set[str] | None:
         return {"".join(combo) for combo in itertools.product(*parts)}
     fn = src.function_of(expr)
     if isinstance(expr, ast.Name):
-        if expr.id in src.constants:
-            return {src.constants[expr.id]}
+        home = src.home(expr.id)
+        if expr.id in home.constants:
+            return {home.constants[expr.id]}
         if fn is not None and expr.id in _positional(fn) + [a.arg for a in fn.args.kwonlyargs]:
             positional = _positional(fn)
             index = positional.index(expr.id) if expr.id in positional else -1
-            return _union(_argument(call, index, expr.id) for call in src.calls_to(fn.name))
+            return _union(_argument(call, index, expr.id) for call in _calls(src, fn.name))
         return None
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and fn is not None:
         # `outcome.result` where `outcome: Outcome` is a dataclass of this module.
         params = {a.arg: a.annotation for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
         annotation = params.get(expr.value.id)
-        cls_name = annotation.id if isinstance(annotation, ast.Name) else None
-        cls = src.classes.get(cls_name or "")
+        cls_name = annotation.id if isinstance(annotation, ast.Name) else ""
+        owner = src.home(cls_name)
+        cls = owner.classes.get(cls_name)
         if cls is None:
             return None
         fields = [
@@ -170,8 +197,19 @@ def _resolve(expr: ast.expr, src: _Source, depth: int = 0) -> set[str] | None:
         if expr.attr not in fields:
             return None
         index = fields.index(expr.attr)
-        return _union(_argument(call, index, expr.attr) for call in src.calls_to(cls.name))
+        return _union(_argument(call, index, expr.attr) for call in _calls(owner, cls.name))
     return None
+
+
+def _calls(src: _Source, name: str) -> list[ast.Call]:
+    """Calls of ``name`` (defined in ``src``) in its module and in every module that imports it.
+
+    Elsewhere only plain calls of the imported name count: ``x.done()`` is not ``done()``.
+    """
+    found = src.calls_to(name)
+    for other, local in src.users(name)[1:]:
+        found += [c for c in other.calls_to(local) if isinstance(c.func, ast.Name)]
+    return found
 
 
 def _union(arguments: Iterator[ast.expr | None]) -> set[str] | None:
@@ -181,7 +219,7 @@ def _union(arguments: Iterator[ast.expr | None]) -> set[str] | None:
         seen = True
         if argument is None:
             return None
-        # The argument is resolved in its own module: call sites are searched in the same module.
+        # The argument is resolved in its own module (its names are that module's or its imports').
         values = _resolve(argument, _SOURCE_OF[id(argument)], 1)
         if values is None:
             return None
@@ -190,6 +228,7 @@ def _union(arguments: Iterator[ast.expr | None]) -> set[str] | None:
 
 
 _SOURCE_OF: dict[int, _Source] = {}
+_ALL: list[_Source] = []  # every module of the library, for names imported across modules
 
 
 def _dict_keys(expr: ast.expr, src: _Source, sources: list[_Source]) -> set[str]:
@@ -211,7 +250,7 @@ def _dict_keys(expr: ast.expr, src: _Source, sources: list[_Source]) -> set[str]
         if fn.args.kwarg is not None and fn.args.kwarg.arg == expr.id:
             # **fields of the enclosing function: whatever its callers pass by keyword.
             keys: set[str] = set()
-            for call in src.calls_to(fn.name):
+            for call in _calls(src, fn.name):
                 for keyword in call.keywords:
                     keys |= {keyword.arg} if keyword.arg else _dict_keys(keyword.value, src, sources)
             return keys
@@ -246,6 +285,7 @@ def _keywords(call: ast.Call, src: _Source, sources: list[_Source]) -> set[str]:
 @cache
 def written() -> Written:
     sources = [_Source(path) for path in sorted(SHARED.rglob("*.py"))]
+    _ALL[:] = sources
     for src in sources:
         for node in ast.walk(src.tree):
             _SOURCE_OF[id(node)] = src
