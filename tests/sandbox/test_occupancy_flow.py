@@ -194,10 +194,10 @@ def test_an_idle_spot_pool_is_held_for_a_waiting_jobset_whose_capacity_policy_al
     # are Spot. The second waits suspended when the first completes: its policy allows Spot, so the
     # idle pools are held for it (not deleted) and it runs on them once resumed.
     policy = {labels.CAPACITY_POLICY: "spot, on-demand"}
-    first = v5e("spot-a", 2, run_seconds=3, queue="reuse")
+    first = v5e("spot-a", 2, run_seconds=2, queue="reuse")
     first["metadata"]["annotations"] = policy
     second = exclusive_tpu_jobset(
-        "spot-b", replicas=2, accelerator=V5E, topology="2x4", chips_per_vm=4, run_seconds=8
+        "spot-b", replicas=2, accelerator=V5E, topology="2x4", chips_per_vm=4, run_seconds=5
     )
     second["metadata"]["annotations"] = policy
     second["spec"]["suspend"] = True  # waiting (as a Kueue-queued JobSet waits), not yet admitted
