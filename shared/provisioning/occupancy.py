@@ -26,6 +26,7 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.names import label_value_problem
 from shared.core.settings import Settings
+from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import condition, expand_pods, pod_jobset_value
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
@@ -70,11 +71,8 @@ class Shape:
     machine_type: str
     node_count: int
     topology: str
-    spot: bool
-    reservation: str
+    capacity: str  # the capacity option's key: kind, reservation and (single) zone, e.g. spot@us-east5-b
     extra_labels: tuple[tuple[str, str], ...]
-    flex_start: bool = False
-    zone: str = ""  # every pool the product makes has exactly one zone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +113,8 @@ def spec_shape(spec: NodePoolSpec) -> Shape:
         machine_type=spec.machine_type,
         node_count=spec.node_count,
         topology=spec.placement.tpu_topology if spec.placement else "",
-        spot=spec.spot,
-        reservation=spec.reservation.value if spec.reservation else "",
+        capacity=capacity.key_of_spec(spec),
         extra_labels=_copied(spec.labels),
-        flex_start=spec.flex_start,
-        zone=_zone(spec.node_locations),
     )
 
 
@@ -129,16 +124,9 @@ def pool_shape(pool: NodePoolInfo) -> Shape:
         machine_type=pool.machine_type,
         node_count=pool.node_count,
         topology=pool.tpu_topology,
-        spot=pool.spot,
-        reservation=pool.reservation,
+        capacity=capacity.key_of_pool(pool),
         extra_labels=_copied(pool.labels),
-        flex_start=pool.flex_start,
-        zone=_zone(pool.node_locations),
     )
-
-
-def _zone(locations: Sequence[str]) -> str:
-    return locations[0] if len(locations) == 1 else ""
 
 
 def is_live(jobset: Mapping[str, Any] | None) -> bool:
