@@ -191,12 +191,13 @@ def pool_rows(
         # A flex-start pool exists before its VMs do: while it has no nodes it waits and costs nothing.
         # Nor does a pool in ERROR without nodes (a stockout left no VMs behind).
         waiting = pool.flex_start and pool.status == "RUNNING" and not has_nodes
-        if hourly is not None and not has_nodes and (waiting or pool.status == "ERROR"):
+        if hourly is not None and (waiting or (pool.status == "ERROR" and not has_nodes)):
             hourly = 0.0
-        if hourly is None:
-            so_far = None
-        else:
-            so_far = round(hourly * age / 3600, 2) if age is not None else 0.0 if not has_nodes else None
+        so_far: float | None = None  # unknown price, or nodes without a creation time
+        if hourly is not None and not has_nodes:
+            so_far = 0.0  # no VMs, nothing paid yet
+        elif hourly is not None and age is not None:
+            so_far = round(hourly * age / 3600, 2)
         on_it = tuple(sorted(running.get(pool.name, set())))
         rows.append(
             PoolRow(
