@@ -15,8 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.emulators.sockets import free_port
 from sandbox.stack.functions import function_argv
-from sandbox.stack.processes import ManagedProcess, free_port
+from sandbox.stack.processes import ManagedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_SOURCE = Path(__file__).resolve().parent / "reference" / "main.py"

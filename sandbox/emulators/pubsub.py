@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,12 +22,23 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from sandbox.emulators.sockets import free_port, group_members, listener_is_ours
+
 _GCLOUD_ENV = {
     # Never prompt, never check for updates or report usage from a test run.
     "CLOUDSDK_CORE_DISABLE_PROMPTS": "1",
     "CLOUDSDK_COMPONENT_MANAGER_DISABLE_UPDATE_CHECK": "1",
     "CLOUDSDK_CORE_DISABLE_USAGE_REPORTING": "1",
 }
+
+
+# What the Java server prints when its port is taken (it then keeps running without serving).
+_BIND_FAILED = "java.net.BindException"
+_PORT_ATTEMPTS = 3
+
+
+class _PortTaken(Exception):
+    """The chosen port was taken by someone else before the emulator could bind it."""
 
 
 def unavailable_reason(gcloud: str = "gcloud") -> str:
@@ -46,13 +56,6 @@ def unavailable_reason(gcloud: str = "gcloud") -> str:
     if not any(path.is_dir() for path in candidates):
         return "the pubsub-emulator component is missing (gcloud components install pubsub-emulator)"
     return ""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PubsubEmulator:
@@ -92,13 +95,34 @@ class PubsubEmulator:
         return {"PUBSUB_EMULATOR_HOST": self.host, "PUBSUB_PROJECT_ID": self.project}
 
     def start(self) -> PubsubEmulator:
-        """Start the emulator and block until ``GET http://host/`` answers 200; raise if it does not."""
+        """Start the emulator and block until ``GET http://host/`` answers 200; raise if it does not.
+
+        With no fixed port, a port someone else takes between choosing and binding it (the JVM
+        binds seconds after the choice) costs one restart on another port, not a failed start.
+        """
         if self._process is not None:
             raise RuntimeError("the emulator is already running")
         reason = unavailable_reason(self.gcloud)
         if reason:
             raise RuntimeError(f"cannot start the Pub/Sub emulator: {reason}")
-        self.port = self.port or free_port()
+        chosen = self.port
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            self.port = chosen or free_port()
+            try:
+                self._launch()
+                self._wait_ready()
+            except _PortTaken as taken:
+                self.stop()
+                if chosen or attempt == _PORT_ATTEMPTS:
+                    raise RuntimeError(f"the Pub/Sub emulator could not bind a port: {taken}") from None
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            return self
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _launch(self) -> None:
         self._workdir = tempfile.TemporaryDirectory(prefix="pubsub-emulator-")
         data_dir = Path(self._workdir.name) / "data"
         data_dir.mkdir()
@@ -123,12 +147,6 @@ class PubsubEmulator:
                 # A new session makes the wrapper a process-group leader; Java inherits the group.
                 start_new_session=True,
             )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -139,16 +157,26 @@ class PubsubEmulator:
                 raise RuntimeError(
                     f"the Pub/Sub emulator exited with code {self._process.returncode}:\n{self.log_tail()}"
                 )
+            # The JVM reports a failed bind and then stays up, serving nothing: waiting is pointless.
+            if self._bind_failed():
+                raise _PortTaken(f"{self.host} is in use:\n{self.log_tail(lines=3)}")
             with (
                 contextlib.suppress(urllib.error.URLError, OSError),
                 urllib.request.urlopen(url, timeout=1.0) as response,
             ):
                 if response.status == 200:
+                    if not listener_is_ours(self.port, self._process.pid):
+                        raise _PortTaken(f"another process answers on {self.host}")
                     return
             time.sleep(0.2)
         raise RuntimeError(
             f"the Pub/Sub emulator did not answer on {url} within {self.startup_timeout}s:\n{self.log_tail()}"
         )
+
+    def _bind_failed(self) -> bool:
+        if self._log_path is None or not self._log_path.exists():
+            return False
+        return _BIND_FAILED in self._log_path.read_text(encoding="utf-8", errors="replace")
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the emulator printed (for error messages)."""
@@ -161,7 +189,7 @@ class PubsubEmulator:
         """PIDs still alive in the emulator's process group (read from /proc)."""
         if self._process is None:
             return []
-        return _pids_in_group(self._process.pid)
+        return group_members(self._process.pid)
 
     def stop(self) -> None:
         """Terminate the wrapper and the Java server (the whole group); idempotent."""
@@ -170,9 +198,9 @@ class PubsubEmulator:
             pgid = process.pid
             _signal_group(pgid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout
-            while time.monotonic() < deadline and (process.poll() is None or _pids_in_group(pgid)):
+            while time.monotonic() < deadline and (process.poll() is None or group_members(pgid)):
                 time.sleep(0.1)
-            if process.poll() is None or _pids_in_group(pgid):
+            if process.poll() is None or group_members(pgid):
                 _signal_group(pgid, signal.SIGKILL)
                 process.wait(timeout=self.stop_timeout)
                 _wait_group_gone(pgid, self.stop_timeout)
@@ -197,24 +225,7 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _pids_in_group(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return found
-
-
 def _wait_group_gone(pgid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while _pids_in_group(pgid) and time.monotonic() < deadline:
+    while group_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)

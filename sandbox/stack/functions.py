@@ -8,14 +8,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from sandbox.stack.processes import (
-    LineSink,
-    ManagedProcess,
-    ProcessRegistry,
-    free_ports,
-    listener_is_ours,
-    wait_http,
-)
+from sandbox.emulators.sockets import free_ports, listener_is_ours
+from sandbox.stack.processes import LineSink, ManagedProcess, ProcessRegistry, wait_http
 
 Waiter = Callable[[float], str]
 _PORT_ATTEMPTS = 3

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -23,79 +22,6 @@ from pathlib import Path
 from typing import IO
 
 LineSink = Callable[[str, str], None]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind port 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports (all sockets held open together, so none is handed out twice)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-def listening_sockets(port: int) -> set[str]:
-    """Inodes of the TCP sockets listening on ``port`` (any address), from /proc/net."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            # fields: sl, local_address (HEXIP:HEXPORT), rem_address, st (0A = LISTEN), ..., inode
-            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def listener_is_ours(port: int, pgid: int) -> bool:
-    """Whether every socket listening on ``port`` belongs to process group ``pgid``.
-
-    A port chosen by ``free_port`` can be taken by someone else before the child binds it; the
-    child then fails while the other listener answers in its place. This tells the two apart.
-    """
-    wanted = listening_sockets(port)
-    if not wanted:
-        return False
-    owned: set[str] = set()
-    for pid in _group_members(pgid):
-        try:
-            fds = list(Path(f"/proc/{pid}/fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue  # closed meanwhile
-            if link.startswith("socket:["):
-                owned.add(link[len("socket:[") : -1])
-    return wanted <= owned
 
 
 class ManagedProcess:

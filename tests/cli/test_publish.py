@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sandbox.emulators.pubsub import PubsubEmulator
 from shared.core.errors import PermanentError, TransientError
 from shared.events.envelope import (
     ClusterId,
@@ -351,71 +348,3 @@ def test_publish_to_a_missing_topic_fails_clearly(
     err = capsys.readouterr().err
     assert "does not exist" in err
     assert "-setup" in err
-
-
-# --- PubsubEmulator process handling, with a stand-in for gcloud -------------------------------
-
-FAKE_GCLOUD = """#!/bin/bash
-# Stands in for `gcloud beta emulators pubsub start`: a wrapper that runs a child server (the real
-# one is Java) in its own process group and waits for it.
-for arg in "$@"; do case "$arg" in --host-port=*) port="${arg##*:}";; esac; done
-[ -n "$FAIL" ] && { echo "ERROR: (gcloud) simulated failure"; exit 3; }
-python3 -m http.server "$port" --bind 127.0.0.1 >/dev/null 2>&1 &
-wait
-"""
-
-
-@pytest.fixture
-def fake_sdk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A PATH with a fake gcloud (and java) next to an SDK-like platform/pubsub-emulator directory."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "platform" / "pubsub-emulator").mkdir(parents=True)
-    for name, body in (("gcloud", FAKE_GCLOUD), ("java", "#!/bin/sh\nexit 0\n")):
-        (bin_dir / name).write_text(body)
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return bin_dir / "gcloud"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def test_emulator_stop_ends_the_wrapper_and_its_child(fake_sdk: Path) -> None:
-    emulator = PubsubEmulator(project="stop-test", gcloud=str(fake_sdk), startup_timeout=20)
-    try:
-        emulator.start()
-        members = emulator.group_members()
-        assert len(members) >= 2, "expected the wrapper and its server child"
-        assert emulator.env() == {"PUBSUB_EMULATOR_HOST": emulator.host, "PUBSUB_PROJECT_ID": "stop-test"}
-    finally:
-        emulator.stop()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in members):
-        time.sleep(0.05)
-    assert [pid for pid in members if _alive(pid)] == []
-    assert emulator.pid is None
-    emulator.stop()  # idempotent
-
-
-def test_emulator_that_exits_early_reports_its_output(
-    fake_sdk: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FAIL", "1")
-    emulator = PubsubEmulator(gcloud=str(fake_sdk), startup_timeout=20)
-    with pytest.raises(RuntimeError, match=r"exited with code 3:\n.*simulated failure"):
-        emulator.start()
-    assert emulator.pid is None
-
-
-def test_emulator_reports_why_it_cannot_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", os.devnull)
-    emulator = PubsubEmulator(gcloud="gcloud-that-does-not-exist")
-    with pytest.raises(RuntimeError, match="is not on PATH"):
-        emulator.start()
-    assert emulator.pid is None

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.emulators.sockets import listening_sockets
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
-from sandbox.stack.processes import listening_sockets
 from tests.paths import REPO
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from sandbox.cluster.scheduler import _unschedulable_message, selector_matches, 
 from sandbox.emulators.eventarc import EventarcRelay
 from sandbox.emulators.logging import entries as logentries
 from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
+from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
 from sandbox.stack.demo import is_routine
-from sandbox.stack.processes import free_ports, listener_is_ours
 from sandbox.stack.pubsub import (
     FUNCTIONS,
     INFRA_MAX_DELIVERY_ATTEMPTS,
@@ -364,6 +364,15 @@ def test_port_ownership_tells_our_listener_from_a_stranger() -> None:
         assert listener_is_ours(port, os.getpgid(0))
         assert not listener_is_ours(port, 1)  # init's group does not own it
     assert not listener_is_ours(port, os.getpgid(0))  # nobody listens any more
+
+
+def test_child_ports_come_from_below_the_ephemeral_range() -> None:
+    # Outgoing connections and bind(0) draw from the ephemeral range; a child told its port there
+    # can find it taken by the time it binds.
+    low, _ = ephemeral_range()
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+    assert all(port < low for port in ports), (low, ports)
 
 
 # -- exclusive placement --------------------------------------------------------------------------
