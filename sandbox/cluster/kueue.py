@@ -11,9 +11,12 @@ What it does, as Kueue v0.19 does for JobSets labelled ``kueue.x-k8s.io/queue-na
 * admission by ``sandbox.cluster.kueue_quota.plan``: on admission the JobSet is unsuspended and
   every replicated job's pod template gets the flavor's nodeLabels (and tolerations), with a
   ``Started`` Event ("Admitted by clusterQueue ...");
-* preemption: the victim JobSet is suspended again with its templates restored and a ``Stopped``
-  Event carrying the preemption message; the JobSet controller then deletes its pods; the Workload
-  goes back to pending and is admitted again when quota allows;
+* preemption: the victim's Workload gets ``Evicted``/``Preempted`` and its JobSet is suspended
+  again with its templates restored and a ``Stopped`` Event carrying the preemption message; the
+  JobSet controller then deletes its pods. The Workload keeps its quota until then: only once the
+  JobSet is suspended and has no running pods does it go back to pending (``QuotaReserved`` False,
+  ``Requeued``), and only then is the preemptor admitted. The victim is admitted again when quota
+  allows;
 * a Completed/Failed JobSet's Workload is ``Finished`` and a deleted JobSet's Workload is gone;
   either way its quota is free on the next pass.
 
@@ -182,6 +185,8 @@ class KueueController(Loop):
                 self.ctx.timeline.add("kueue", f"Workload {tracked.workload.key} finished ({kind}){released}")
                 return
         wl = tracked.workload
+        if wl.evicting and self._stopped(jobset):
+            self._requeue(tracked)
         if wl.flavor is None and not (jobset.get("spec") or {}).get("suspend"):
             jobset["spec"]["suspend"] = True  # only an admitted Workload's JobSet may run
             self.ctx.api.put(jobset)
@@ -247,9 +252,42 @@ class KueueController(Loop):
             f"JobSet {ref(jobset)} unsuspended",
         )
 
+    def _stopped(self, jobset: dict[str, Any]) -> bool:
+        """Whether a suspended JobSet has stopped: the JobSet controller saw it and no pod is left.
+
+        Kueue waits for the job to be inactive (JobSet: no active child Job) before it gives an
+        evicted Workload's quota back; the sandbox's JobSet controller deletes the pods and sets
+        ``Suspended`` in one step, so that step is what is waited for.
+        """
+        if not is_true(jobset, "Suspended"):
+            return False
+        meta = jobset.get("metadata") or {}
+        pods = self.ctx.api.list(
+            "v1", "pods", meta.get("namespace"), label_selector=f"{labels.JOBSET_NAME}={meta.get('name')}"
+        )
+        uid = meta.get("uid")
+        return not any(
+            (p.get("metadata") or {}).get("labels", {}).get(labels.JOBSET_UID) == uid for p in pods
+        )
+
+    def _requeue(self, tracked: _Tracked) -> None:
+        wl = tracked.workload
+        released = f"{wl.chips} chips of {wl.flavor}"
+        wl.flavor, wl.evicting = None, False
+        self._workload_status(
+            tracked,
+            [
+                ("Requeued", True, "Preempted", tracked.message),
+                ("QuotaReserved", False, "Pending", tracked.message),
+                ("Admitted", False, "NoReservation", "The workload has no reservation"),
+            ],
+            admission=None,
+        )
+        self.ctx.timeline.add("kueue", f"Workload {wl.key} stopped: {released} released, requeued")
+
     def _preempt(self, tracked: _Tracked, preemption: Preemption) -> None:
         wl = tracked.workload
-        wl.flavor = None
+        wl.evicting = True
         self.preemptions += 1
         jobset = self._jobset(tracked)
         if jobset is not None:
@@ -263,17 +301,14 @@ class KueueController(Loop):
             [
                 ("Evicted", True, "Preempted", preemption.message),
                 ("Preempted", True, preemption.reason, preemption.message),
-                ("QuotaReserved", False, "Pending", preemption.message),
-                ("Admitted", False, "NoReservation", "The workload has no reservation"),
             ],
-            admission=None,
         )
         self._workload_event(tracked, "Preempted", preemption.message)
         self._workload_event(tracked, "EvictedDueToPreempted", preemption.message)
         self.ctx.timeline.add(
             "kueue",
             f"Workload {wl.key} preempted for {preemption.preemptor.key} ({preemption.reason}); "
-            f"JobSet {tracked.namespace}/{tracked.jobset} suspended and requeued",
+            f"JobSet {tracked.namespace}/{tracked.jobset} suspended; its quota is held until it stops",
         )
 
     def _pending(self, tracked: _Tracked, message: str, reason: str) -> None:

@@ -14,8 +14,11 @@ cluster. What it follows from Kueue's ClusterQueue documentation and flavor assi
   ``LowerOrNewerEqualPriority``) picks admitted Workloads of its own queue; ``reclaimWithinCohort``
   (``LowerPriority`` / ``Any``) picks Workloads of borrowing queues of the cohort, when the
   preemptor fits its own nominal quota. Candidates go borrowing queues first, lowest priority
-  first, most recently admitted first, and only as many as needed. The preemptor is admitted in a
-  later pass, once the victims have given their quota back.
+  first, most recently admitted first, and only as many as needed, with Workloads already being
+  evicted ahead of all others. An evicted Workload keeps its quota until its JobSet has stopped
+  (Kueue's job reconciler clears the reservation only once the job is no longer active), so the
+  preemptor is admitted in a later pass, once the victims have given their quota back; meanwhile
+  it is not preempted for again.
 
 Differences from real Kueue: only ``google.com/tpu`` is accounted (cpu/memory quotas are
 ignored), a Workload takes one flavor for all its pod sets, there is no fair sharing,
@@ -85,6 +88,7 @@ class Workload:
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flavor: str | None = None  # set while quota is reserved
     admitted_order: int = 0
+    evicting: bool = False  # evicted, still holding its quota until its JobSet has stopped
 
 
 @dataclasses.dataclass
@@ -282,6 +286,8 @@ class _Planner:
             if victims:
                 for victim, reason in victims:
                     self.victims.add(victim.key)
+                    if victim.evicting:
+                        continue  # already on its way out: what it gives back is awaited, not asked again
                     message = preemption_message(victim, wl, reason, self.queues)
                     self.result.preempt.append(Preemption(victim, wl, reason, message))
                 reasons.append(f"Pending the preemption of {len(victims)} workload(s)")
@@ -313,8 +319,10 @@ class _Planner:
                 borrowing = self.usage.of(other.queue, flavor) > nominal
                 if borrowing and (queue.reclaim == "Any" or other.priority < wl.priority):
                     candidates.append((other, IN_COHORT_RECLAMATION))
-        # Borrowing queues first, then the lowest priority, then the most recently admitted.
-        candidates.sort(key=lambda c: (c[0].queue == queue.name, c[0].priority, -c[0].admitted_order))
+        # Those already evicted, then borrowing queues, the lowest priority, the most recently admitted.
+        candidates.sort(
+            key=lambda c: (not c[0].evicting, c[0].queue == queue.name, c[0].priority, -c[0].admitted_order)
+        )
         chosen: list[tuple[Workload, str]] = []
         for candidate in candidates:
             chosen.append(candidate)
