@@ -218,22 +218,9 @@ class KueueController(Loop):
         wl, flavor_name = tracked.workload, str(flavor["metadata"]["name"])
         wl.flavor = flavor_name
         tracked.saved_templates = ko.inject(jobset, flavor)
-        jobset["spec"]["suspend"] = False
-        self.ctx.api.put(jobset)
         tracked.message = ""
         self.admissions += 1
-        admission = {
-            "clusterQueue": queue.name,
-            "podSetAssignments": [
-                {
-                    "name": s["name"],
-                    "count": s["count"],
-                    "flavors": {labels.TPU_RESOURCE: flavor_name},
-                    "resourceUsage": {labels.TPU_RESOURCE: str(ko.chips([s]))},
-                }
-                for s in ko.pod_sets(jobset)
-            ],
-        }
+        admission = ko.admission(jobset, queue.name, flavor_name)
         self._workload_status(
             tracked,
             [
@@ -245,6 +232,9 @@ class KueueController(Loop):
         )
         self._workload_event(tracked, "QuotaReserved", f"Quota reserved in ClusterQueue {queue.name}")
         self._workload_event(tracked, "Admitted", f"Admitted by ClusterQueue {queue.name}")
+        # Kueue's scheduler admits the Workload; its job reconciler then starts the JobSet.
+        jobset["spec"]["suspend"] = False
+        self.ctx.api.put(jobset)
         self._event(jobset, "Started", f"Admitted by clusterQueue {queue.name}")
         self.ctx.timeline.add(
             "kueue",
@@ -289,12 +279,6 @@ class KueueController(Loop):
         wl = tracked.workload
         wl.evicting = True
         self.preemptions += 1
-        jobset = self._jobset(tracked)
-        if jobset is not None:
-            ko.restore(jobset, tracked.saved_templates)
-            jobset["spec"]["suspend"] = True
-            self.ctx.api.put(jobset)
-            self._event(jobset, "Stopped", preemption.message)
         tracked.message = preemption.message
         self._workload_status(
             tracked,
@@ -305,6 +289,13 @@ class KueueController(Loop):
         )
         self._workload_event(tracked, "Preempted", preemption.message)
         self._workload_event(tracked, "EvictedDueToPreempted", preemption.message)
+        # The scheduler evicts the Workload; the job reconciler then stops the JobSet.
+        jobset = self._jobset(tracked)
+        if jobset is not None:
+            ko.restore(jobset, tracked.saved_templates)
+            jobset["spec"]["suspend"] = True
+            self.ctx.api.put(jobset)
+            self._event(jobset, "Stopped", preemption.message)
         self.ctx.timeline.add(
             "kueue",
             f"Workload {wl.key} preempted for {preemption.preemptor.key} ({preemption.reason}); "

@@ -117,6 +117,22 @@ def priority_of(
     return default, ""
 
 
+def admission(jobset: Mapping[str, Any], cluster_queue: str, flavor: str) -> dict[str, Any]:
+    """A Workload's ``status.admission``: every pod set's count and chips in ``flavor``."""
+    return {
+        "clusterQueue": cluster_queue,
+        "podSetAssignments": [
+            {
+                "name": s["name"],
+                "count": s["count"],
+                "flavors": {labels.TPU_RESOURCE: flavor},
+                "resourceUsage": {labels.TPU_RESOURCE: str(chips([s]))},
+            }
+            for s in pod_sets(jobset)
+        ],
+    }
+
+
 def inject(jobset: dict[str, Any], flavor: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Add the flavor's nodeLabels and tolerations to every replicated job's pod template.
 

@@ -133,8 +133,19 @@ class Scheduler(Loop):
         self._backoff: dict[str, _Backoff] = {}
         self._started: dict[str, float] = {}
         self._assumed: dict[str, _Assumed] = {}
+        self._binds_held = False
         self._nodes_changed = False
         ctx.api.on_change(self._changed)
+
+    def hold_binds(self, held: bool = True) -> None:
+        """Keep assumed pods unbound past their ``bind_delay`` until called with ``held=False``.
+
+        A slow binding cycle on demand: tests use it to make "decided before the cordon, bound
+        after it" happen whatever the load, instead of hoping it fits in ``bind_delay``.
+        """
+        with self.ctx.lock:
+            self._binds_held = held
+        self.wake()
 
     def _changed(self, event_type: str, obj: dict[str, Any]) -> None:
         kind = obj.get("kind")
@@ -150,7 +161,7 @@ class Scheduler(Loop):
         with self.ctx.lock:
             api = self.ctx.api
             for uid, assumed in list(self._assumed.items()):
-                if now >= assumed.due:
+                if now >= assumed.due and not self._binds_held:
                     del self._assumed[uid]
                     self._bind(assumed.pod, assumed.node)
             nodes = [n for n in api.list("v1", "nodes") if is_true(n, "Ready")]

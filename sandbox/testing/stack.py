@@ -7,6 +7,7 @@ product's Events recorded in the Kubernetes API.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections import Counter
@@ -185,14 +186,20 @@ def assert_clean_run(
     assert len(requested) == 2 * len(on_jobset), [e.get("message") for e in requested]
     if not released_event:  # a deleted JobSet has nothing left to record the release on
         return
-    released = events_about(stack, labels.REASON_RELEASED, name)
-    released_pools = {
-        word
-        for event in released
-        for word in str(event.get("message", "")).split(":")[0].replace(",", " ").split()
-        if word.startswith("tpu-")
-    }
-    assert released_pools == set(created), f"released {released_pools}, created {set(created)}"
+
+    def released_pools() -> set[str]:
+        return {
+            word
+            for event in events_about(stack, labels.REASON_RELEASED, name)
+            for word in str(event.get("message", "")).split(":")[0].replace(",", " ").split()
+            if word.startswith("tpu-")
+        }
+
+    # Release records the Event after its last delete request, from another process: the pools
+    # can be gone a moment before it is written.
+    with contextlib.suppress(TimeoutError):
+        stack.wait_for(lambda: released_pools() == set(created), 10, f"the Released Event of {name}")
+    assert released_pools() == set(created), f"released {released_pools()}, created {set(created)}"
 
 
 def pods_killed(stack: Stack, *names: str, namespace: str = "default") -> list[str]:

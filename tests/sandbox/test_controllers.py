@@ -125,14 +125,18 @@ def test_pods_pend_get_their_pool_run_and_complete(cluster: Cluster) -> None:
     assert failed[0]["source"]["component"] == "default-scheduler"
 
     pool = cluster.provision(pods[0])
-    nodes = eventually(lambda: cluster.kube.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}"))
+
+    def pool_nodes() -> list[dict[str, Any]]:
+        return cluster.kube.list("v1", "nodes", label_selector=f"{labels.NODEPOOL}={pool}")
+
+    nodes = eventually(lambda: len(pool_nodes()) == 4 and pool_nodes())  # mirrored one by one
     assert sorted(n["metadata"]["name"] for n in nodes) == [f"gke-c-{pool}-{i}" for i in range(4)]
     assert nodes[0]["metadata"]["labels"][labels.OWNER_NAME] == "train"  # the pool's node labels
 
     eventually(lambda: cluster.jobset("train").get("status", {}).get("terminalState") == "Completed")
     assert {p["spec"]["nodeName"].rsplit("-", 1)[0] for p in cluster.pods("train")} == {f"gke-c-{pool}"}
     assert is_true(cluster.jobset("train"), "Completed")
-    (done,) = cluster.events("AllJobsCompleted")
+    (done,) = eventually(lambda: cluster.events("AllJobsCompleted"))  # written just after the condition
     assert done["involvedObject"]["kind"] == "JobSet" and done["source"]["component"] == "jobset"
 
 
@@ -144,12 +148,12 @@ def test_suspend_deletes_pods_and_resume_recreates_them(cluster: Cluster) -> Non
     cluster.kube.put(jobset)
 
     eventually(lambda: is_true(cluster.jobset("nap"), "Suspended") and not cluster.pods("nap"))
-    assert cluster.events("SuspendedJobs")
+    eventually(lambda: cluster.events("SuspendedJobs"))  # written just after the condition
     jobset = cluster.jobset("nap")
     jobset["spec"]["suspend"] = False
     cluster.kube.put(jobset)
     eventually(lambda: cluster.pods("nap") and not is_true(cluster.jobset("nap"), "Suspended"))
-    assert cluster.events("ResumeJobs")
+    eventually(lambda: cluster.events("ResumeJobs"))
 
 
 @pytest.mark.parametrize(

@@ -129,10 +129,11 @@ def test_capacity_window_runs_on_wall_time() -> None:
     seed = ClusterSeed.from_path(CLUSTER, locations=(ZONE_A, ZONE_B))
     with GkeEmulator([seed], op_delay=0) as gke:
         api = GkeNodePoolAPI(endpoint=gke.url, timeout=5.0)
-        gke.set_capacity(ZONE_A, "on-demand", 0, until=0.3)
+        # Wide enough for the first create to land inside it on a loaded machine.
+        gke.set_capacity(ZONE_A, "on-demand", 0, until=1.5)
         api.create_node_pool(CLUSTER, spec("early"), why="test")
         assert status(api, "early")[0] == "ERROR"
-        time.sleep(0.35)
+        time.sleep(1.6)
         api.create_node_pool(CLUSTER, spec("late"), why="test")
         assert status(api, "late")[0] == "RUNNING"
 

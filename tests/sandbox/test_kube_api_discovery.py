@@ -175,16 +175,17 @@ def test_crd_is_served_discoverable_and_established_at_once(kube_server: KubeApi
     assert undiscovered.status_code == 404
 
 
-def _wait_until(check: Callable[[], bool], timeout: float = 5.0) -> float:
-    started = time.monotonic()
+def _wait_until(check: Callable[[], bool], since: float, timeout: float = 5.0) -> float:
+    """Seconds from ``since`` (taken before the write that starts the delay) until ``check`` holds."""
     while not check():
-        assert time.monotonic() - started < timeout, "condition not reached in time"
+        assert time.monotonic() - since < timeout, "condition not reached in time"
         time.sleep(0.02)
-    return time.monotonic() - started
+    return time.monotonic() - since
 
 
 def test_crd_establishment_can_be_delayed() -> None:
     with KubeApiServer(crd_establish_delay=0.4) as server:
+        since = time.monotonic()
         server.put(_widget_crd(scope="Namespaced"))
         crd_now = server.get(
             "apiextensions.k8s.io/v1", "customresourcedefinitions", None, "widgets.example.com"
@@ -203,11 +204,11 @@ def test_crd_establishment_can_be_delayed() -> None:
             )
             return crd is not None and _conditions(crd).get("Established") == "True"
 
-        waited = _wait_until(established)
+        waited = _wait_until(established, since)
 
     assert crd_now is not None and _conditions(crd_now) == {}
     assert served_now["metadata"]["namespace"] == "default"
-    assert waited >= 0.2
+    assert waited >= 0.39  # the 0.4 s delay, measured from before the write
 
 
 def test_preloaded_jobset_crd(kube_server: KubeApiServer) -> None:
@@ -255,16 +256,17 @@ def test_deployments_report_availability(kube_client: client.ApiClient) -> None:
 def test_deployment_readiness_can_be_delayed() -> None:
     with KubeApiServer(deployment_ready_delay=0.4) as server:
         body = {"apiVersion": "apps/v1", "kind": "Deployment", **_deployment(2)}
+        since = time.monotonic()
         created = server.put(body)
 
         def available() -> bool:
             got = server.get("apps/v1", "deployments", "default", "web") or {}
             return (got.get("status") or {}).get("availableReplicas") == 2
 
-        waited = _wait_until(available)
+        waited = _wait_until(available, since)
 
     assert "availableReplicas" not in (created.get("status") or {})
-    assert waited >= 0.2
+    assert waited >= 0.39  # the 0.4 s delay, measured from before the write
 
 
 def _kubectl(kubeconfig: Path, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:

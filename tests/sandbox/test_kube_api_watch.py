@@ -283,6 +283,41 @@ def test_owner_references_are_garbage_collected(
     assert (kube_server.get("v1", "configmaps", "default", "child") is not None) is survives
 
 
+def test_a_dependent_created_after_its_owner_was_deleted_is_collected(
+    kube_client: client.ApiClient, kube_server: KubeApiServer, core: Any
+) -> None:
+    # A controller acting on a read from before the delete (the JobSet controller creating pods
+    # for a JobSet just deleted) must not leave orphans behind.
+    custom: Any = client.CustomObjectsApi(kube_client)
+    body = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "late"},
+        "spec": {},
+    }
+    owner = custom.create_namespaced_custom_object(*JOBSETS, "default", "jobsets", body)
+    ref = {
+        "apiVersion": owner["apiVersion"],
+        "kind": "JobSet",
+        "name": "late",
+        "uid": owner["metadata"]["uid"],
+    }
+    custom.delete_namespaced_custom_object(*JOBSETS, "default", "jobsets", "late")
+
+    core.create_namespaced_config_map("default", {"metadata": {"name": "orphan", "ownerReferences": [ref]}})
+    assert kube_server.get("v1", "configmaps", "default", "orphan") is None
+
+    # An owner that exists under that name but is a different object (recreated) does not count.
+    custom.create_namespaced_custom_object(*JOBSETS, "default", "jobsets", body)
+    core.create_namespaced_config_map("default", {"metadata": {"name": "stale", "ownerReferences": [ref]}})
+    assert kube_server.get("v1", "configmaps", "default", "stale") is None
+    # Nor is anything collected whose owner is there.
+    live = custom.get_namespaced_custom_object(*JOBSETS, "default", "jobsets", "late")
+    ref = {**ref, "uid": live["metadata"]["uid"]}
+    core.create_namespaced_config_map("default", {"metadata": {"name": "kept", "ownerReferences": [ref]}})
+    assert kube_server.get("v1", "configmaps", "default", "kept") is not None
+
+
 def test_delete_with_finalizers_marks_then_removes(core: Any) -> None:
     core.create_namespaced_config_map(
         "default", {"metadata": {"name": "held", "finalizers": ["sandbox/hold"]}}

@@ -303,8 +303,9 @@ def test_unadmitted_jobset_unsuspended_by_hand_is_suspended_again(cluster: Clust
     jobset = cluster.jobset("sneaky")
     jobset["spec"]["suspend"] = False
     cluster.kube.put(jobset)
-    eventually(lambda: cluster.jobset("sneaky")["spec"]["suspend"] is True)
-    steady(lambda: not cluster.pods("sneaky"))
+    # The JobSet controller may start pods before Kueue suspends it again; it then deletes them.
+    eventually(lambda: cluster.jobset("sneaky")["spec"]["suspend"] is True and not cluster.pods("sneaky"))
+    steady(lambda: cluster.jobset("sneaky")["spec"]["suspend"] is True and not cluster.pods("sneaky"))
 
 
 def test_jobsets_without_a_queue_are_left_alone(cluster: Cluster) -> None:

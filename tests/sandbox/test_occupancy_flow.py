@@ -125,7 +125,8 @@ def test_same_shape_preemptor_adopts_the_victims_pools_and_never_restarts(stack:
         victim_pools = {pool_of(stack, p) for p in victim_pods}
         assert len(victim_pools) == 2
 
-        submit(stack, v5e("preemptor", 2, run_seconds=8, queue="preempt", priority="high"))
+        # Long enough to be still running when the sweep after the grace adopts its pools.
+        submit(stack, v5e("preemptor", 2, run_seconds=12, queue="preempt", priority="high"))
         stack.wait_for(lambda: stack.jobset_state("default", "victim") == "Suspended", 10, "preemption")
         landed = stack.wait_for(lambda: running_pods(stack, "preemptor", 4), 10, "the preemptor to run")
         assert {pool_of(stack, p) for p in landed} == victim_pools  # straight onto the victim's pools

@@ -115,9 +115,16 @@ def test_a_pod_decided_before_the_cordon_and_bound_after_it_is_not_killed(
 
     # It still runs at the last check: bound at most BIND_DELAY after the cordon, checked SETTLE after.
     run_seconds = BIND_DELAY + SETTLE
-    submit(stack, exclusive_tpu_jobset("race-b", replicas=1, topology="2x2", run_seconds=run_seconds))
-    assert stack.wait_for(lambda: _assumed(stack, "race-b-"), 10, "the scheduler's decision") == node
-    stack.trigger_reconcile()  # the safety net finds race-a over: its pool is up for deletion
+    # The bind waits for the cordon however long the sweep takes to get there: the interleaving
+    # under test then happens on a loaded machine too.
+    stack.scheduler.hold_binds()
+    try:
+        submit(stack, exclusive_tpu_jobset("race-b", replicas=1, topology="2x2", run_seconds=run_seconds))
+        assert stack.wait_for(lambda: _assumed(stack, "race-b-"), 10, "the scheduler's decision") == node
+        stack.trigger_reconcile()  # the safety net finds race-a over: its pool is up for deletion
+        stack.wait_for(lambda: node in moments.cordoned, 30, "the sweep to cordon race-a's node")
+    finally:
+        stack.scheduler.hold_binds(False)
 
     state = wait_finished(stack, "race-b", 40)
     assert pods_killed(stack, "race-a", "race-b") == [], "the pool was deleted under race-b"
@@ -146,7 +153,7 @@ def test_a_pod_arriving_after_the_cordon_gets_its_own_pool(stack: Stack, moments
     )
     # Inside the settle wait: a pod decided now would be bound after the last check, were the
     # node schedulable; the cordon (made right after the sweep's first reads) keeps it off.
-    time.sleep(1.5)
+    stack.wait_for(lambda: node in moments.cordoned, SETTLE - 1, "the sweep to cordon late-a's node")
     submitted = time.monotonic()
     submit(stack, exclusive_tpu_jobset("late-b", replicas=1, topology="2x2", run_seconds=1))
 

@@ -8,6 +8,8 @@ pool and create it again.
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import re
 import time
 from collections.abc import Iterator
@@ -18,7 +20,6 @@ from sandbox.stack.core import Stack
 from sandbox.testing.stack import (
     FAST,
     assert_clean_run,
-    create_requests,
     events_about,
     exclusive_tpu_jobset,
     owned_pools,
@@ -51,6 +52,15 @@ def _attempts(stack: Stack, name: str) -> dict[int, str]:
     return found
 
 
+def _create_times(stack: Stack, name: str) -> list[datetime.datetime]:
+    """When each create GKE accepted for the JobSet's pools was logged, oldest first."""
+    return sorted(
+        datetime.datetime.fromisoformat(str(d["time"]))
+        for d in stack.decisions("provision.created")
+        if str(d.get("slice", "")).split(" ")[0].endswith(f"/{name}")
+    )
+
+
 def test_a_lasting_stockout_is_retried_with_backoff_and_the_jobset_lands_when_capacity_returns(
     stack: Stack,
 ) -> None:
@@ -58,20 +68,25 @@ def test_a_lasting_stockout_is_retried_with_backoff_and_the_jobset_lands_when_ca
     submit(stack, exclusive_tpu_jobset("scarce", replicas=1, topology="2x2"))
 
     most_pools = 0
-    end = time.monotonic() + STOCKOUT_SECONDS
-    while time.monotonic() < end:  # a cron much faster than the backoff
-        stack.trigger_reconcile()
-        most_pools = max(most_pools, len(owned_pools(stack, "scarce")))
-        time.sleep(0.5)
-    during = sum(create_requests(stack, "scarce").values())
 
-    # Waits of 2 + 4 + 8 s fit in the window: at most four attempts (and at least three were made),
-    # where recycling at every sweep would have made one per second or so.
-    assert 3 <= during <= 5, create_requests(stack, "scarce")
-    assert most_pools == 1  # one pool of the slice at a time, never a second one beside it
+    def three_attempts() -> bool:
+        nonlocal most_pools
+        stack.trigger_reconcile()  # a cron much faster than the backoff
+        most_pools = max(most_pools, len(owned_pools(stack, "scarce")))
+        return len(_attempts(stack, "scarce")) >= 3
+
+    stack.wait_for(three_attempts, 60, "three failed attempts", interval=0.5)
+
     attempts = _attempts(stack, "scarce")
-    assert sorted(attempts) == list(range(1, len(attempts) + 1)) and len(attempts) >= 3
+    assert sorted(attempts) == list(range(1, len(attempts) + 1))
     assert [attempts[k] for k in (1, 2, 3)] == ["2 s", "4 s", "8 s"]  # the backoff, in the Events
+    # Each attempt is one accepted create, and the waits lie between them: recycling at every
+    # sweep would have created again a second or so after each failure. (Load only adds delay.)
+    created = _create_times(stack, "scarce")
+    assert len(attempts) <= len(created) <= len(attempts) + 1, (attempts, created)
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(created[:3])]
+    assert gaps[0] >= 2 and gaps[1] >= 4, gaps
+    assert most_pools == 1  # one pool of the slice at a time, never a second one beside it
     assert stack.jobset_state("default", "scarce") == "Running"  # still waiting for its slice
 
     stack.gke.clear_faults()  # capacity returns
@@ -81,10 +96,8 @@ def test_a_lasting_stockout_is_retried_with_backoff_and_the_jobset_lands_when_ca
         time.sleep(0.5)
     assert wait_finished(stack, "scarce", timeout=5) == "Completed"
     wait_released(stack, "scarce")
-    # Every create GKE accepted counts (each failed one and the one that landed), all for one pool.
-    total = sum(create_requests(stack, "scarce").values())
-    assert total <= during + 1
-    # A create may meet the failed pool's delete still running (400, retried): count accepted ones.
+    # Every accepted create was a failed attempt, but the one that landed.
+    final_attempts = len(_attempts(stack, "scarce"))
     [(_, accepted)] = successful_creates(stack, "scarce").items()
-    assert accepted <= total
+    assert accepted <= final_attempts + 1, (accepted, final_attempts)
     assert_clean_run(stack, "scarce", slices=1, creates_per_pool=accepted)

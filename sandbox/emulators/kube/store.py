@@ -93,7 +93,24 @@ class KubeStore(StoreCore):
             stored = self._commit(rtype, "ADDED", obj, None)
             for hook in self.write_hooks:
                 hook(rtype, "ADDED", stored, None)
+            if self._owners_gone(ns, meta):
+                # The garbage collector also removes a dependent created after its owner went (a
+                # controller acting on a read from before the delete), not only those present then.
+                self._remove(rtype, stored, None)
             return stored
+
+    def _owners_gone(self, namespace: str, meta: dict[str, Any]) -> bool:
+        """Whether every owner the object names is absent (an owner of an unserved kind counts as present)."""
+        refs = meta.get("ownerReferences") or []
+        for ref in refs:
+            owner_type = self.registry.resolve(str(ref.get("apiVersion", "")), str(ref.get("kind", "")))
+            if owner_type is None:
+                return False
+            bucket = self._objects.get((owner_type.group, owner_type.plural)) or {}
+            owner = bucket.get((key_namespace(owner_type, namespace), str(ref.get("name", ""))))
+            if owner is not None and owner["metadata"].get("uid") == ref.get("uid"):
+                return False
+        return bool(refs)
 
     def replace(
         self,
