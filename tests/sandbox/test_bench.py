@@ -168,7 +168,9 @@ def test_cluster_part_sweeps_a_preloaded_cluster_with_paged_selective_lists(env,
 @pytest.mark.integration
 def test_handover_part_creates_pools_for_the_queue_not_for_every_jobset():
     # 4 same-shape JobSets, 2 at a time: the first 2 get fresh pools, the other 2 take them over.
-    result = bench_handover.run(bench_handover.HandoverShape(jobsets=4, run_seconds=2.0, timeout=150))
+    # Runs long enough that the adopters still run when the first pair's release looks at the
+    # pools, on a loaded machine too (the handover needs running pods to hand the pools to).
+    result = bench_handover.run(bench_handover.HandoverShape(jobsets=4, run_seconds=4.0, timeout=150))
     assert result.problems == []
     assert result.completed == 4
     assert result.creates == result.pools_created == 2

@@ -24,7 +24,9 @@ def test_kueue_scenario_runs_the_big_jobset_first_and_leaves_no_pool(
     stack: Stack, timeline_on_failure: None
 ) -> None:
     with PoolWatch(stack) as watch:
-        outcome = run_kueue_scenario(stack, run_seconds=1.0, timeout=90)
+        # The queued JobSets must still run when the first one's release looks at its pools (a
+        # second later on a loaded machine); real training runs for hours.
+        outcome = run_kueue_scenario(stack, run_seconds=3.0, timeout=90)
 
     names = [name for name, _ in JOBSETS]
     assert outcome.problems == []
