@@ -106,6 +106,22 @@ def with_condition(
     return conditions
 
 
+def jobset_pods(api: KubeState, jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pods of this JobSet object: its name's label, and its uid's (not a recreated namesake's)."""
+    meta = jobset.get("metadata") or {}
+    pods = api.list(
+        "v1",
+        "pods",
+        meta.get("namespace", "default"),
+        label_selector=f"{labels.JOBSET_NAME}={meta.get('name', '')}",
+    )
+    return [
+        p
+        for p in pods
+        if (p.get("metadata") or {}).get("labels", {}).get(labels.JOBSET_UID) == meta.get("uid", "")
+    ]
+
+
 def ref(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` of an object."""
     meta = obj.get("metadata") or {}

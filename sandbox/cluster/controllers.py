@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox.cluster.common import JOBSET_API, Loop, SimContext, is_true, ref, with_condition
+from sandbox.cluster.common import JOBSET_API, Loop, SimContext, is_true, jobset_pods, ref, with_condition
 from shared.core import labels
 from shared.tpu.jobsets import expand_pods
 
@@ -93,14 +93,10 @@ class JobSetController(Loop):
         if meta.get("deletionTimestamp") or is_true(jobset, "Completed") or is_true(jobset, "Failed"):
             return
         api = self.ctx.api
-        namespace, name, uid = meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", "")
+        namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         status = dict(jobset.get("status") or {})
         restarts = _int(status.get("restarts"))
-        pods = [
-            p
-            for p in api.list("v1", "pods", namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
-            if (p.get("metadata") or {}).get("labels", {}).get(labels.JOBSET_UID) == uid
-        ]
+        pods = jobset_pods(api, jobset)
         attempt = str(restarts)
         current = [p for p in pods if p["metadata"]["labels"].get(labels.RESTART_ATTEMPT) == attempt]
         for pod in pods:

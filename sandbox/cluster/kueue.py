@@ -34,7 +34,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandbox.cluster import kueue_objects as ko
-from sandbox.cluster.common import JOBSET_API, Loop, SimContext, condition, is_true, ref, with_condition
+from sandbox.cluster.common import (
+    JOBSET_API,
+    Loop,
+    SimContext,
+    condition,
+    is_true,
+    jobset_pods,
+    ref,
+    with_condition,
+)
 from sandbox.cluster.kueue_quota import Plan, Preemption, Queue, Workload, plan
 from shared.core import labels
 
@@ -249,16 +258,7 @@ class KueueController(Loop):
         evicted Workload's quota back; the sandbox's JobSet controller deletes the pods and sets
         ``Suspended`` in one step, so that step is what is waited for.
         """
-        if not is_true(jobset, "Suspended"):
-            return False
-        meta = jobset.get("metadata") or {}
-        pods = self.ctx.api.list(
-            "v1", "pods", meta.get("namespace"), label_selector=f"{labels.JOBSET_NAME}={meta.get('name')}"
-        )
-        uid = meta.get("uid")
-        return not any(
-            (p.get("metadata") or {}).get("labels", {}).get(labels.JOBSET_UID) == uid for p in pods
-        )
+        return is_true(jobset, "Suspended") and not jobset_pods(self.ctx.api, jobset)
 
     def _requeue(self, tracked: _Tracked) -> None:
         wl = tracked.workload
