@@ -36,17 +36,15 @@ def ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
-def _bind_candidate(sock: socket.socket, host: str, taken: set[int]) -> int:
+def _bind_candidate(sock: socket.socket, host: str) -> int:
     low = ephemeral_range()[0]
     if low - _LOWEST >= _MIN_SPAN:
         for _ in range(_ATTEMPTS):
             port = _random.randrange(_LOWEST, low)
-            if port in taken:
-                continue
             try:
                 sock.bind((host, port))
             except OSError:
-                continue  # in use: try another
+                continue  # in use (by us too: earlier picks are still bound): try another
             return port
     sock.bind((host, 0))  # no room below the ephemeral range (or all tries taken): the kernel's choice
     return int(sock.getsockname()[1])
@@ -63,7 +61,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         ports: list[int] = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            ports.append(_bind_candidate(sock, host, set(ports)))
+            ports.append(_bind_candidate(sock, host))
         return ports
 
 

@@ -32,9 +32,6 @@ from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
 
-STOCKOUT_SECONDS = 16.0
-
-
 @pytest.fixture(autouse=True)
 def no_faults_left(stack: Stack) -> Iterator[None]:
     yield
