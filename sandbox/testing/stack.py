@@ -113,13 +113,18 @@ def create_requests(stack: Stack, name: str) -> Counter[str]:
     return counts
 
 
-def successful_creates(stack: Stack, name: str) -> Counter[str]:
-    """Pools of JobSet ``name`` that a function created (``provision.created``), by pool name."""
-    return Counter(
-        str(d.get("pool"))
+def created_decisions(stack: Stack, name: str) -> list[dict[str, Any]]:
+    """The ``provision.created`` lines (creates GKE accepted) for JobSet ``name``'s pools, oldest first."""
+    return [
+        d
         for d in stack.decisions("provision.created")
         if str(d.get("slice", "")).split(" ")[0].endswith(f"/{name}")
-    )
+    ]
+
+
+def successful_creates(stack: Stack, name: str) -> Counter[str]:
+    """Pools of JobSet ``name`` that a function created (``provision.created``), by pool name."""
+    return Counter(str(d.get("pool")) for d in created_decisions(stack, name))
 
 
 def events_about(stack: Stack, reason: str, name: str, namespace: str = "default") -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from sandbox.stack.core import Stack
 from sandbox.testing.stack import (
     FAST,
     assert_clean_run,
+    created_decisions,
     events_about,
     exclusive_tpu_jobset,
     owned_pools,
@@ -31,6 +32,7 @@ from sandbox.testing.stack import (
 from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
+
 
 @pytest.fixture(autouse=True)
 def no_faults_left(stack: Stack) -> Iterator[None]:
@@ -51,11 +53,7 @@ def _attempts(stack: Stack, name: str) -> dict[int, str]:
 
 def _create_times(stack: Stack, name: str) -> list[datetime.datetime]:
     """When each create GKE accepted for the JobSet's pools was logged, oldest first."""
-    return sorted(
-        datetime.datetime.fromisoformat(str(d["time"]))
-        for d in stack.decisions("provision.created")
-        if str(d.get("slice", "")).split(" ")[0].endswith(f"/{name}")
-    )
+    return sorted(datetime.datetime.fromisoformat(str(d["time"])) for d in created_decisions(stack, name))
 
 
 def test_a_lasting_stockout_is_retried_with_backoff_and_the_jobset_lands_when_capacity_returns(
