@@ -65,6 +65,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         return ports
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie, read from /proc."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
     members = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.emulators.sockets import listening_sockets
+from sandbox.emulators.sockets import alive, listening_sockets
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
 from tests.paths import REPO
@@ -30,22 +30,14 @@ from tests.paths import REPO
 pytestmark = pytest.mark.integration
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        left = [pid for pid in pids if _alive(pid)]
+        left = [pid for pid in pids if alive(pid)]
         if not left:
             return []
         time.sleep(0.2)
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if alive(pid)]
 
 
 def _pids(output: str) -> list[int]:
@@ -183,7 +175,7 @@ def test_sandbox_up_serves_until_interrupted_then_leaves_nothing(
     exports = dict(re.findall(r"export (\w+)=(\S+)", out))
     assert set(exports) >= {"PUBSUB_EMULATOR_HOST", "KUBECONFIG", "GKE_API_ENDPOINT", "KUBE_API_ENDPOINT"}
     pids = _pids(out)
-    assert pids and all(_alive(pid) for pid in pids)
+    assert pids and all(alive(pid) for pid in pids)
     if shutil.which("kubectl"):
         listed = subprocess.run(
             ["kubectl", "--kubeconfig", exports["KUBECONFIG"], "get", "nodes", "-o", "name"],

@@ -16,7 +16,7 @@ import pytest
 
 from sandbox.emulators import pubsub as pubsub_emulator_module
 from sandbox.emulators.pubsub import PubsubEmulator, unavailable_reason
-from sandbox.emulators.sockets import free_port, listener_is_ours
+from sandbox.emulators.sockets import alive, free_port, listener_is_ours
 
 FAKE_GCLOUD = """#!/bin/bash
 # Stands in for `gcloud beta emulators pubsub start`: a wrapper that runs a child server (the real
@@ -49,14 +49,6 @@ def fake_sdk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return bin_dir / "gcloud"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_emulator_stop_ends_the_wrapper_and_its_child(fake_sdk: Path) -> None:
     emulator = PubsubEmulator(project="stop-test", gcloud=str(fake_sdk), startup_timeout=20)
     try:
@@ -67,9 +59,9 @@ def test_emulator_stop_ends_the_wrapper_and_its_child(fake_sdk: Path) -> None:
     finally:
         emulator.stop()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in members):
+    while time.monotonic() < deadline and any(alive(pid) for pid in members):
         time.sleep(0.05)
-    assert [pid for pid in members if _alive(pid)] == []
+    assert [pid for pid in members if alive(pid)] == []
     assert emulator.pid is None
     emulator.stop()  # idempotent
 
@@ -107,7 +99,7 @@ def test_emulator_whose_port_was_taken_starts_again_on_another(
         (first_port, first_pid), (second_port, _) = runs
         assert emulator.port == int(second_port) != int(first_port)
         assert time.monotonic() - started < 15, "the failed bind is noticed, not waited out"
-        assert not _alive(int(first_pid)), "the run that failed to bind is stopped"
+        assert not alive(int(first_pid)), "the run that failed to bind is stopped"
     finally:
         emulator.stop()
 
