@@ -25,6 +25,7 @@ class PlannedPool:
     placement: str = ""
     capacity: str = ""  # the capacity options in the order they are tried: "spot@z -> on-demand@z"
     note: str = ""
+    refused: str = ""  # why provision would refuse this slice (an Event on the pod); "" when it would not
 
 
 def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
@@ -40,7 +41,9 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
             spec, shape = build_node_pool(settings, request, option=options[0])
         except (NotEligible, Refused) as exc:
             if slice_desc not in seen:
-                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why)
+                # NotEligible (a CPU Job, say) is none of the product's business; Refused is a mistake.
+                refused = exc.why if isinstance(exc, Refused) else ""
+                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why, refused=refused)
                 result.append(seen[slice_desc])
             continue
         if slice_desc in seen:
