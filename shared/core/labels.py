@@ -31,9 +31,13 @@ RESERVATION_PROJECT = "cloud.google.com/reservation-project"
 # GKE labels the nodes of flex-start pools with this (value "true"); pods select it to run only there.
 FLEX_START = "cloud.google.com/gke-flex-start"
 TPU_RESOURCE = "google.com/tpu"
+# GKE puts the chips of one TPU VM on its node under this key (the TPU device plugin reads it too).
+ACCELERATOR_COUNT = "cloud.google.com/gke-accelerator-count"
+# Two cloud.google.com/ keys GKE takes as node labels of a TPU pool (Google's own tpu-provisioner sets
+# them from the pod's selectors): ICI resiliency off ("false") and a placement hint inside a zone.
+ICI_RESILIENCY = "cloud.google.com/gke-tpu-ici-resiliency"
+LOCATION_HINT = "cloud.google.com/gke-location-hint"
 ZONE = "topology.kubernetes.io/zone"  # well-known node label; a pod selecting it pins its slice's zone
-# Selectors under these prefixes are GKE's business; every other selector is copied to node labels.
-RESERVED_LABEL_PREFIXES = ("cloud.google.com/", "google.com/", "kubernetes.io/", "k8s.io/")
 
 # --- The product's own vocabulary.
 PRODUCT_DOMAIN = "tpuprov.dev"
@@ -71,3 +75,10 @@ REASON_FAILED = "TPUSliceFailed"
 REASON_RELEASED = "TPUSliceReleased"
 REASON_ADOPTED = "TPUSliceAdopted"
 EVENT_COMPONENT = "tpu-provisioner"
+
+
+def billing_labels(jobset: str) -> dict[str, str]:
+    """The resource (billing) labels of a pool owned by JobSet ``jobset``: set at create, and moved to
+    the new owner when the pool is handed over, so a billing export charges the JobSet that used it.
+    A JobSet name is a DNS-1123 subdomain; resource label values allow no dots and at most 63 chars."""
+    return {RESOURCE_LABEL_MANAGED_BY: MANAGED_BY_VALUE, RESOURCE_LABEL_JOBSET: jobset[:63].replace(".", "-")}

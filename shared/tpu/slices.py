@@ -12,15 +12,9 @@ from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
-from shared.core.names import (
-    SliceId,
-    label_key_problem,
-    label_value_problem,
-    pool_name,
-    workload_policy_name,
-)
+from shared.core.names import SliceId, pool_name, workload_policy_name
 from shared.core.settings import Settings
-from shared.tpu import capacity, catalog
+from shared.tpu import capacity, catalog, selectors
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import pod_jobset_value
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
@@ -43,6 +37,8 @@ class SliceRequest:
     extra_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     zone: str = ""  # the pod's topology.kubernetes.io/zone selector, if any
     flex_start: bool = False  # the pod selects cloud.google.com/gke-flex-start=true
+    # Every selector of the pod (shared.tpu.selectors checks the pool's nodes can match each one).
+    selected: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def demand(self) -> capacity.Demand:
@@ -181,18 +177,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         )
 
     spot, reservation, flex_start = _capacity_selection(selected)
-    extra: dict[str, str] = {}
-    for key, value in sorted(selected.items()):
-        if key.startswith(labels.RESERVED_LABEL_PREFIXES) or "kubernetes.io/" in key:
-            continue
-        if key.startswith(f"{labels.PRODUCT_DOMAIN}/"):
-            raise Refused(
-                f"pod selects {key!r}: keys under {labels.PRODUCT_DOMAIN}/ are reserved for ownership"
-            )
-        problem = label_key_problem(key) or label_value_problem(value)
-        if problem:
-            raise Refused(f"cannot copy nodeSelector to node labels: {problem}")
-        extra[key] = value
+    extra = selectors.product_labels(selected)  # Refused for a key no pool's nodes could carry
     return SliceRequest(
         slice_id=SliceId(
             namespace=str(meta.get("namespace") or "default"),
@@ -209,6 +194,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         extra_labels=extra,
         zone=selected.get(labels.ZONE, "").strip(),
         flex_start=flex_start,
+        selected=selected,
     )
 
 
@@ -394,4 +380,6 @@ def build_node_pool(
         auto_repair=not flex_start,
         flex_start=flex_start,
     )
+    # The last word: a pool some selector of the pod could not match is never built.
+    selectors.check(request.selected, spec, shape.topology)
     return spec, shape

@@ -201,6 +201,12 @@ def test_slice_request_whole_object():
         reservation=None,
         extra_labels={"team": "x"},
         zone="",
+        selected={
+            labels.TPU_ACCELERATOR: "tpu-v6e-slice",
+            labels.TPU_TOPOLOGY: "4x4",
+            labels.SPOT: "true",
+            "team": "x",
+        },
     )
 
 
@@ -269,7 +275,7 @@ REFUSED = [
     pytest.param(_set(("spec", "nodeSelector", "bad key!"), "x"), "label key", id="bad-label-key"),
     pytest.param(
         _set(("spec", "nodeSelector", labels.MANAGED_BY), "someone"),
-        "reserved for ownership",
+        "reserved for the product's ownership labels",
         id="ownership-inject",
     ),
     pytest.param(

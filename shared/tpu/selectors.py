@@ -1,0 +1,245 @@
+"""What becomes of each node selector a TPU pod makes, on the pool the product builds for it.
+
+A pod lands only on a node carrying every label it selects (nodeSelector, and the single-valued
+required node-affinity terms ``slices._selected`` reads). Each selected key has one of three fates:
+
+* set by GKE: GKE labels every node of a pool from the pool's own configuration (its name, machine
+  type, TPU topology, Spot / flex-start / reservation, zone); the product builds that
+  configuration from the selector, and the value the pod selects must be the one GKE will set;
+* set by the product: the key goes into the pool's node labels (``config.labels``), which GKE
+  copies onto every node. GKE takes any valid key there except under its own and Kubernetes'
+  prefixes;
+* refused: no pool the product can build would carry it (a key GKE reserves, a value GKE never
+  sets, an ownership key of the product's). The pod gets a ``TPUSliceRefused`` Event naming the
+  key, and no pool is created that the pod could never run on.
+
+Sources: GKE labels each node with its pool (``cloud.google.com/gke-nodepool``), TPU accelerator,
+topology and chip count, ``cloud.google.com/gke-spot=true`` on Spot VMs and
+``cloud.google.com/gke-flex-start=true`` on flex-start VMs, the reservation a node consumes, and the
+well-known Kubernetes zone / region / instance-type / OS labels. GKE refuses node labels under
+``cloud.google.com/`` ("Node labels with key ... are managed by GKE or Kubernetes and must not be
+manually specified", a 400 quoted in hashicorp/terraform-provider-google PR 19677) and under
+``kubernetes.io/`` / ``k8s.io/`` (reserved by Kubernetes core; terraform's node_config docs),
+but takes ``cloud.google.com/gke-tpu-ici-resiliency`` and ``cloud.google.com/gke-location-hint``,
+which Google's own tpu-provisioner (ai-on-gke) copies from TPU pods to their pools.
+
+Everything here is pure, so one whole-object table test covers every key the product knows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from shared.core import labels
+from shared.core.errors import Refused
+from shared.core.names import label_key_problem, label_value_problem
+from shared.tpu import catalog
+from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
+
+GKE = "set by GKE"
+PRODUCT = "set by the product"
+REFUSED = "refused"
+
+REGION = "topology.kubernetes.io/region"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+OS = "kubernetes.io/os"
+
+# Keys GKE sets on every node of a pool, and the part of the pool's configuration each comes from.
+GKE_SET: Mapping[str, str] = {
+    labels.NODEPOOL: "the node pool's name",
+    labels.TPU_ACCELERATOR: "config.machineType",
+    labels.TPU_TOPOLOGY: "placementPolicy.tpuTopology",
+    labels.ACCELERATOR_COUNT: "config.machineType (chips per VM)",
+    labels.SPOT: "config.spot",
+    labels.FLEX_START: "config.flexStart",
+    labels.RESERVATION_NAME: "config.reservationAffinity",
+    labels.RESERVATION_PROJECT: "config.reservationAffinity (shared reservation)",
+    labels.ZONE: "locations",
+    REGION: "locations",
+    INSTANCE_TYPE: "config.machineType",
+    OS: "every GKE Linux node (linux)",
+}
+# cloud.google.com/ keys GKE accepts as a pool's node labels (its reserved prefix's exceptions).
+GKE_ACCEPTED = (labels.ICI_RESILIENCY, labels.LOCATION_HINT)
+
+# Prefixes whose keys GKE refuses as node labels: its own, and those Kubernetes core reserves (with
+# any subdomain of theirs, e.g. node-role.kubernetes.io/).
+_GKE_DOMAINS = ("cloud.google.com",)
+_KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io")
+
+
+def gke_refusal(key: str) -> str:
+    """GKE's 400 text for ``key`` as a node label of a pool, "" when GKE accepts the key."""
+    domain = key.rpartition("/")[0]
+    if key in GKE_ACCEPTED or not domain:
+        return ""
+    reserved = domain in _GKE_DOMAINS or any(
+        domain == d or domain.endswith(f".{d}") for d in _KUBERNETES_DOMAINS
+    )
+    if reserved:
+        return (
+            f'Node labels with key "{key}" are managed by GKE or Kubernetes and must not be manually '
+            "specified."
+        )
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fate:
+    """What happens to one selector: GKE sets it, the product sets it, or the pod is refused."""
+
+    key: str
+    value: str
+    fate: str  # GKE | PRODUCT | REFUSED
+    detail: str  # GKE: the pool field it comes from; PRODUCT: where it goes; REFUSED: why
+
+    @property
+    def refused(self) -> bool:
+        return self.fate == REFUSED
+
+    def describe(self) -> str:
+        """``key=value: set by GKE from config.spot`` (what ``tpuprov plan`` / ``why`` print)."""
+        if self.fate == GKE:
+            return f"{self.key}={self.value}: set by GKE from {self.detail}"
+        if self.fate == PRODUCT:
+            return f"{self.key}={self.value}: set by the product as a node label"
+        return f"{self.key}={self.value}: refused: {self.detail}"
+
+
+def classify(key: str, value: str) -> Fate:
+    """The fate of one selector by its key alone (before any pool is built): GKE's keys are GKE's,
+    reserved or invalid keys are refused, every other key becomes a node label."""
+    if key in GKE_SET:
+        return Fate(key, value, GKE, GKE_SET[key])
+    if key.startswith(f"{labels.PRODUCT_DOMAIN}/"):
+        why = f"keys under {labels.PRODUCT_DOMAIN}/ are reserved for the product's ownership labels"
+        return Fate(key, value, REFUSED, why)
+    refusal = gke_refusal(key)
+    if refusal:
+        why = (
+            "GKE sets no such label on the nodes of a pool the product builds, and refuses it as a "
+            f"node label ({refusal})"
+        )
+        return Fate(key, value, REFUSED, why)
+    problem = label_key_problem(key) or label_value_problem(value)
+    if problem:
+        return Fate(key, value, REFUSED, f"cannot copy it to the node labels: {problem}")
+    return Fate(key, value, PRODUCT, "config.labels")
+
+
+def product_labels(selected: Mapping[str, str]) -> dict[str, str]:
+    """The node labels the product sets for a pod's selectors; Refused naming the first refused key."""
+    chosen: dict[str, str] = {}
+    for key, value in sorted(selected.items()):
+        fate = classify(key, value)
+        if fate.refused:
+            raise Refused(f"pod selects {key}={value}: {fate.detail}")
+        if fate.fate == PRODUCT:
+            chosen[key] = value
+    return chosen
+
+
+def _reservation_labels(value: str) -> dict[str, str]:
+    # A shared reservation is projects/P/reservations/NAME: its nodes name both parts.
+    if value.startswith("projects/"):
+        parts = value.split("/")
+        return {labels.RESERVATION_NAME: parts[-1], labels.RESERVATION_PROJECT: parts[1]}
+    return {labels.RESERVATION_NAME: value} if value else {}
+
+
+def _gke_labels(
+    name: str,
+    machine_type: str,
+    topology: str,
+    spot: bool,
+    flex_start: bool,
+    reservation: str,
+    zones: tuple[str, ...],
+) -> dict[str, str]:
+    found = {labels.NODEPOOL: name, INSTANCE_TYPE: machine_type, OS: "linux"}
+    accelerator = catalog.accelerator_for_machine_type(machine_type)
+    if accelerator:
+        found[labels.TPU_ACCELERATOR] = accelerator
+        found[labels.ACCELERATOR_COUNT] = str(catalog.machine_type_chips(machine_type) or "")
+    if topology:
+        found[labels.TPU_TOPOLOGY] = topology
+    if spot:
+        found[labels.SPOT] = "true"
+    if flex_start:
+        found[labels.FLEX_START] = "true"
+    found.update(_reservation_labels(reservation))
+    if len(zones) == 1:  # one zone per TPU pool: every node carries it
+        found[labels.ZONE] = zones[0]
+        found[REGION] = zones[0].rsplit("-", 1)[0]
+    return found
+
+
+def spec_node_labels(spec: NodePoolSpec, topology: str) -> dict[str, str]:
+    """Every label each node of ``spec`` will carry: GKE's (``topology``: the slice's, which GKE
+    also labels single-host nodes with) and the pool's own node labels."""
+    reservation = spec.reservation.value if spec.reservation else ""
+    gke = _gke_labels(
+        spec.name, spec.machine_type, topology, spec.spot, spec.flex_start, reservation, spec.node_locations
+    )
+    return {**gke, **spec.labels}
+
+
+def pool_node_labels(pool: NodePoolInfo) -> dict[str, str]:
+    """Every label the nodes of an existing pool carry, as far as its listing tells (a single-host
+    pool lists no topology: its topology label is then unknown and left out)."""
+    gke = _gke_labels(
+        pool.name,
+        pool.machine_type,
+        pool.tpu_topology,
+        pool.spot,
+        pool.flex_start,
+        pool.reservation,
+        pool.node_locations,
+    )
+    return {**gke, **pool.labels}
+
+
+def fates(selected: Mapping[str, str], node_labels: Mapping[str, str]) -> tuple[Fate, ...]:
+    """Each selector's fate on nodes carrying ``node_labels`` (``spec_node_labels``), sorted by key.
+
+    A key GKE sets is refused when the pool's nodes carry another value (or none: GKE labels
+    only Spot nodes with gke-spot, so ``gke-spot: "false"`` matches no node at all).
+    """
+    result = []
+    for key, value in sorted(selected.items()):
+        fate = classify(key, value)
+        if fate.fate == GKE and node_labels.get(key) != value:
+            carried = node_labels.get(key)
+            has = f"{key}={carried}" if carried is not None else f"no {key} label"
+            why = f"the pool's nodes carry {has} (GKE sets it from {fate.detail})"
+            fate = Fate(key, value, REFUSED, why)
+        elif fate.fate == PRODUCT and node_labels.get(key) != value:
+            fate = Fate(key, value, REFUSED, "the pool's node labels do not carry it")
+        result.append(fate)
+    return tuple(result)
+
+
+def check(selected: Mapping[str, str], spec: NodePoolSpec, topology: str) -> None:
+    """Refused naming the first selector the nodes of ``spec`` could not match: no such pool is made."""
+    for fate in fates(selected, spec_node_labels(spec, topology)):
+        if fate.refused:
+            raise Refused(
+                f"pod selects {fate.key}={fate.value}, which no node of pool {spec.name} could match: "
+                f"{fate.detail}"
+            )
+
+
+def misfit(selected: Mapping[str, str], pool: NodePoolInfo, spec: NodePoolSpec) -> str:
+    """Why the existing pool of a slice's name cannot run the pod now ("" when it can).
+
+    The pool was built for what the slice's pods selected then; a JobSet whose pods select
+    otherwise under the same uid (Kueue re-admitting it under another flavor) no longer fits it.
+    """
+    if pool.machine_type and pool.machine_type != spec.machine_type:
+        return f"pool {pool.name} has {pool.machine_type} VMs, the pod's slice needs {spec.machine_type}"
+    for fate in fates(selected, pool_node_labels(pool)):
+        unknown = fate.key == labels.TPU_TOPOLOGY and not pool.tpu_topology
+        if fate.refused and not unknown:
+            return f"the pod selects {fate.key}={fate.value} but {fate.detail}"
+    return ""
