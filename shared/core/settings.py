@@ -17,6 +17,9 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # The node boot disk types GKE offers (GKE "Configuring a custom boot disk"). Which of them a TPU
 # machine family supports is the catalog's business (shared.tpu.catalog.boot_disk_types).
 BOOT_DISK_TYPES = ("pd-balanced", "pd-standard", "pd-ssd", "hyperdisk-balanced")
+# How production reaches the cluster's API server (shared.cloud.endpoint): "auto" picks from the
+# cluster's own controlPlaneEndpointsConfig; the others force one of its endpoints.
+CONTROL_PLANE_ENDPOINTS = ("auto", "dns", "private-ip", "public-ip")
 
 
 def _bool(raw: str, name: str) -> bool:
@@ -66,6 +69,10 @@ class Settings:
     # Compute Engine (workload policies for tpu7x); empty means production compute.googleapis.com.
     compute_api_endpoint: str = ""  # e.g. http://127.0.0.1:8091 (REST, anonymous credentials)
     kubeconfig: str = ""  # explicit kubeconfig path, used when no endpoint is given
+    # Bearer token sent to the *_API_ENDPOINT emulators, which authorize it like Google's front ends
+    # (the sandbox gives each function its own). Production ignores it: ADC names the caller there.
+    emulator_access_token: str = ""
+    control_plane_endpoint: str = "auto"  # one of CONTROL_PLANE_ENDPOINTS (README "Reaching the cluster")
 
     # Event handling.
     max_event_age_seconds: int = 900
@@ -131,7 +138,12 @@ class Settings:
     setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
 
     def __post_init__(self) -> None:
-        # A misspelled disk type would fail every create; say so at startup instead.
+        # A misspelled endpoint mode or disk type would fail every call; say so at startup instead.
+        if self.control_plane_endpoint not in CONTROL_PLANE_ENDPOINTS:
+            raise InvalidInputError(
+                f"setting CONTROL_PLANE_ENDPOINT={self.control_plane_endpoint!r} is not one of "
+                f"{', '.join(CONTROL_PLANE_ENDPOINTS)}"
+            )
         if self.disk_type and self.disk_type not in BOOT_DISK_TYPES:
             raise InvalidInputError(
                 f"setting DISK_TYPE={self.disk_type!r} is not a GKE boot disk type; use one of "

@@ -94,6 +94,18 @@ class NodePoolInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class ControlPlaneEndpoints:
+    """The cluster's ``controlPlaneEndpointsConfig``: the addresses its API server answers on."""
+
+    dns: str = ""  # dnsEndpointConfig.endpoint, e.g. gke-<uid>.<region>.gke.goog
+    dns_external_traffic: bool = False  # dnsEndpointConfig.allowExternalTraffic
+    ip_enabled: bool = False  # ipEndpointsConfig.enabled
+    public_ip_enabled: bool = False  # ipEndpointsConfig.enablePublicEndpoint
+    public_ip: str = ""  # ipEndpointsConfig.publicEndpoint
+    private_ip: str = ""  # ipEndpointsConfig.privateEndpoint
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterInfo:
     """The parts of a GKE cluster the product needs: how to reach it and what its pools must obey."""
 
@@ -106,6 +118,8 @@ class ClusterInfo:
     # RAPID / REGULAR / STABLE / EXTENDED, or "" when the cluster is not enrolled in a release
     # channel. Enrolled clusters refuse node pools with auto-upgrade (or auto-repair) turned off.
     release_channel: str = ""
+    # None when GKE sent no controlPlaneEndpointsConfig: ``endpoint`` is then the only address.
+    endpoints: ControlPlaneEndpoints | None = None
 
 
 @dataclasses.dataclass(frozen=True)

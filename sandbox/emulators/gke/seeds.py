@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from typing import Any
 
 from sandbox.emulators.gke.rules import region_of
 
@@ -19,11 +21,40 @@ class ClusterSeed:
     locations: tuple[str, ...] = ()
     # New GKE clusters are enrolled in REGULAR by default; "" seeds a cluster outside release channels.
     release_channel: str = "REGULAR"
+    # controlPlaneEndpointsConfig. Every GKE cluster has a DNS endpoint; whether it takes user
+    # traffic, and whether the IP endpoints (private always, public optionally) exist, is per cluster.
+    dns_external_traffic: bool = True  # dnsEndpointConfig.allowExternalTraffic
+    ip_access: bool = True  # ipEndpointsConfig.enabled
+    public_ip_access: bool = True  # ipEndpointsConfig.enablePublicEndpoint
+    private_endpoint: str = "10.128.0.2"  # ipEndpointsConfig.privateEndpoint
 
     @property
     def path(self) -> str:
         """The resource path ``projects/P/locations/L/clusters/C``."""
         return f"projects/{self.project}/locations/{self.location}/clusters/{self.name}"
+
+    @property
+    def dns_endpoint(self) -> str:
+        """The cluster's DNS endpoint, shaped as GKE's: ``gke-<uid>.<region>.gke.goog``."""
+        uid = hashlib.sha256(self.path.encode()).hexdigest()[:32]
+        return f"gke-{uid}.{region_of(self.location)}.gke.goog"
+
+    def fill_endpoints(self, cluster: Any) -> None:
+        """Set ``endpoint`` and ``controlPlaneEndpointsConfig`` on a Cluster protobuf message."""
+        config = cluster.control_plane_endpoints_config
+        config.dns_endpoint_config.endpoint = self.dns_endpoint
+        config.dns_endpoint_config.allow_external_traffic = self.dns_external_traffic
+        ip = config.ip_endpoints_config
+        ip.enabled = self.ip_access
+        if self.ip_access:
+            ip.enable_public_endpoint = self.public_ip_access
+            ip.private_endpoint = self.private_endpoint
+            if self.public_ip_access:
+                ip.public_endpoint = self.endpoint
+        # The legacy field names the public address when there is one, else the private one.
+        cluster.endpoint = (
+            self.endpoint if self.ip_access and self.public_ip_access else self.private_endpoint
+        )
 
     @classmethod
     def from_path(

@@ -28,7 +28,13 @@ from sandbox.emulators.gke.operations import (
     to_dict,
 )
 from sandbox.emulators.gke.pool_capacity import PoolCapacity
-from sandbox.emulators.gke.rules import ApiError, PolicyLookup, check_placement_policy, validate_create
+from sandbox.emulators.gke.rules import (
+    ApiError,
+    PolicyLookup,
+    check_node_labels,
+    check_placement_policy,
+    validate_create,
+)
 from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.emulators.gke.timing import Draw
 
@@ -153,12 +159,12 @@ class GkeState:
                 name=seed.name,
                 location=seed.location,
                 locations=list(seed.locations),
-                endpoint=seed.endpoint,
                 status=cs.Cluster.Status.RUNNING,
                 self_link=f"{API_BASE}/{path}",
                 current_master_version="1.31.1-gke.1000000",
             )
             cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
+            seed.fill_endpoints(cluster)
             if seed.release_channel:
                 cluster.release_channel.channel = cs.ReleaseChannel.Channel[seed.release_channel]
             for pool in self._pools[path].values():
@@ -244,19 +250,25 @@ class GkeState:
         return self._after_start(op)
 
     def update_pool(self, path: str, name: str, request: Any) -> Any:
-        """Start an ``UpdateNodePool``: the new node labels show at once, the pool is RECONCILING
-        until the UPGRADE_NODES operation is DONE (then the update hooks relabel the nodes)."""
+        """Start an ``UpdateNodePool``: the new node (and resource) labels show at once, the pool is
+        RECONCILING until the UPGRADE_NODES operation is DONE (then the update hooks relabel the nodes)."""
         self.advance()
         with self._lock:
             seed = self.cluster(path)
             pool = self._pools[path].get(name)
             if pool is None:
                 raise ApiError(404, "NOT_FOUND", f"Not found: {path}/nodePools/{name}.")
+            if request.HasField("labels"):
+                check_node_labels(request.labels.labels)
             self._check_compatible(path, name)
             if request.HasField("labels"):
                 # NodeLabels replaces every node label of the pool (it does not merge).
                 pool.config.ClearField("labels")
                 pool.config.labels.update(dict(request.labels.labels))
+            if request.HasField("resource_labels"):
+                # ResourceLabels replaces the pool's labels on its Compute Engine resources too.
+                pool.config.ClearField("resource_labels")
+                pool.config.resource_labels.update(dict(request.resource_labels.labels))
             pool.status = cs.NodePool.Status.RECONCILING
             op = self._start(seed, cs.Operation.Type.UPGRADE_NODES, name)
         return self._after_start(op)
