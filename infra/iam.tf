@@ -1,70 +1,11 @@
 locals {
-  # Exactly the GKE permissions each function uses (setup_cluster is handled separately below).
-  # The Kubernetes ones are checked by GKE's IAM authorizer when no RBAC rule grants them, so no
-  # in-cluster binding is needed: pods (read the pending pod), events (record TPUSlice* events),
-  # thirdPartyObjects (JobSets, a custom resource). The functions that create pools also create the
-  # tpu7x workload policies those pools name (a Compute Engine regional resource policy: get, insert,
-  # and the insert's regional operation) unless tpu7x_workload_policy names an existing one.
-  custom_role_permissions = {
-    provision = [
-      "compute.regionOperations.get",
-      "compute.resourcePolicies.create",
-      "compute.resourcePolicies.get",
-      "container.clusters.get",
-      "container.events.create",
-      "container.nodePools.create",
-      "container.nodePools.get",
-      "container.nodePools.list",
-      "container.operations.get",
-      "container.pods.get",
-      "container.pods.list",
-      "container.thirdPartyObjects.get",
-      "container.thirdPartyObjects.list",
-    ]
-    release = [
-      "container.clusters.get",
-      "container.events.create",
-      "container.nodePools.delete",
-      "container.nodePools.get",
-      "container.nodePools.list",
-      "container.operations.get",
-      "container.pods.get",
-      "container.pods.list",
-      "container.thirdPartyObjects.get",
-      "container.thirdPartyObjects.list",
-    ]
-    # The sweep deletes orphaned pools and creates the ones a missed event should have created.
-    reconcile = [
-      "compute.regionOperations.get",
-      "compute.resourcePolicies.create",
-      "compute.resourcePolicies.get",
-      "container.clusters.get",
-      "container.events.create",
-      "container.nodePools.create",
-      "container.nodePools.delete",
-      "container.nodePools.get",
-      "container.nodePools.list",
-      "container.operations.get",
-      "container.pods.get",
-      "container.pods.list",
-      "container.thirdPartyObjects.get",
-      "container.thirdPartyObjects.list",
-    ]
-    # Kueue's objects are custom resources (thirdPartyObjects); PriorityClasses are built in.
-    apply_kueue = [
-      "container.clusters.get",
-      "container.priorityClasses.create",
-      "container.priorityClasses.delete",
-      "container.priorityClasses.get",
-      "container.priorityClasses.list",
-      "container.priorityClasses.update",
-      "container.thirdPartyObjects.create",
-      "container.thirdPartyObjects.delete",
-      "container.thirdPartyObjects.get",
-      "container.thirdPartyObjects.list",
-      "container.thirdPartyObjects.update",
-    ]
-  }
+  # Exactly the permissions each function's code can reach, one list per function in roles.json
+  # (setup_cluster is handled separately below). They come from shared/cloud/permissions.py, which
+  # names what each GKE, Compute Engine and Kubernetes call needs; tests/infra derives each list from
+  # the function's code and fails when roles.json holds one permission more or one less. The
+  # Kubernetes ones are checked by GKE's IAM authorizer (container.<resource>.<verb>, custom resources
+  # such as JobSets and Kueue's kinds as thirdPartyObjects), so no in-cluster RBAC binding is needed.
+  custom_role_permissions = jsondecode(file("${path.module}/roles.json"))
 
   # Functions that create node pools run them as var.node_service_account, which needs actAs.
   node_pool_creators = var.node_service_account == "" ? [] : ["provision", "reconcile"]

@@ -45,6 +45,19 @@ class OperationLimitError(TransientError):
     """
 
 
+class PermissionDeniedError(TransientError):
+    """A cloud API refused the caller for a missing IAM permission (HTTP 403 naming it).
+
+    A deployment error, not weather: the message is kept for redelivery (nothing is lost once the
+    role is fixed), and the entrypoint logs ``permission.denied`` naming the permission and the role
+    to add it to, which the monitoring alerts on at once.
+    """
+
+    def __init__(self, why: str, permission: str) -> None:
+        super().__init__(why)
+        self.permission = permission
+
+
 class ConflictError(TransientError):
     """An update carried a resourceVersion the object no longer has (HTTP 409 Conflict): someone
     wrote it since it was read. Read it again and redo the change; escaping, it means redelivery."""
