@@ -23,6 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from shared.cloud.endpoint import endpoints_of
 from shared.core.errors import (
     AlreadyExistsError,
     InvalidInputError,
@@ -150,6 +151,7 @@ def cluster_to_info(cluster: Any) -> ClusterInfo:
         locations=tuple(cluster.locations),
         status=_enum_name(cluster.status),
         release_channel=_release_channel(cluster),
+        endpoints=endpoints_of(cluster),
     )
 
 

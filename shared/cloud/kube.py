@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+from shared.cloud.endpoint import choose_endpoint
 from shared.core import labels, logs
 from shared.core.errors import (
     AlreadyExistsError,
@@ -312,10 +313,12 @@ def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str
     if not (settings.project_id and settings.location and settings.cluster_name) and not cluster_path:
         raise InvalidInputError("PROJECT_ID, LOCATION and CLUSTER_NAME must be set to reach the cluster")
     cluster = gke().get_cluster(path)
-    cfg.host = f"https://{cluster.endpoint}"
-    with tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False) as ca:
-        ca.write(base64.b64decode(cluster.ca_certificate))
-    cfg.ssl_ca_cert = ca.name
+    endpoint = choose_endpoint(cluster, settings.control_plane_endpoint)
+    cfg.host = endpoint.host
+    if endpoint.cluster_ca:
+        with tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False) as ca:
+            ca.write(base64.b64decode(cluster.ca_certificate))
+        cfg.ssl_ca_cert = ca.name
     cfg.api_key_prefix = {"authorization": "Bearer"}
 
     import google.auth
