@@ -1,7 +1,8 @@
 """Mirror GKE node pools into Kubernetes Nodes, as GKE's node registration does.
 
 When the GKE emulator finishes creating a pool, one Node per VM appears (``gke-<cluster>-<pool>-<i>``)
-with the labels GKE puts on TPU nodes (node pool, accelerator, topology, the pool's own node labels)
+with the labels GKE puts on TPU nodes (node pool, accelerator, topology, chip count, Spot / flex-start,
+reservation, zone and region, the pool's own node labels)
 and ``google.com/tpu`` capacity equal to the chips of one VM. The count is the nodes the pool has
 (the emulator's per-zone counts): a flex-start pool is RUNNING with none, and its whole slice
 appears when the emulator grants it capacity (the ready hook fires again then). When a pool is
@@ -29,6 +30,18 @@ CPU_POOL = "default-pool"
 # The label GKE's autoscaler puts on flex-start nodes (k8s.io/gke-autoscaling labels, FlexStartLabel).
 FLEX_START = "cloud.google.com/gke-flex-start"
 _Work = tuple[str, str, Any]
+REGION = "topology.kubernetes.io/region"
+
+
+def _reservation_labels(affinity: Mapping[str, Any]) -> dict[str, str]:
+    """The reservation a node consumes, as GKE labels it (name, and project for a shared one)."""
+    values = [str(v) for v in affinity.get("values") or []]
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION" or not values:
+        return {}
+    if values[0].startswith("projects/"):
+        parts = values[0].split("/")
+        return {labels.RESERVATION_NAME: parts[-1], labels.RESERVATION_PROJECT: parts[1]}
+    return {labels.RESERVATION_NAME: values[0]}
 
 
 def single_host_topology(accelerator: str, chips: int) -> str:
@@ -62,6 +75,8 @@ def node_objects(
     node_labels: dict[str, str] = {
         labels.NODEPOOL: name,
         "node.kubernetes.io/instance-type": machine_type,
+        "kubernetes.io/os": "linux",
+        **_reservation_labels(config.get("reservationAffinity") or {}),
         **{str(k): str(v) for k, v in (config.get("labels") or {}).items()},
     }
     capacity = {"cpu": "4", "memory": "16Gi", "pods": "110"}
@@ -73,6 +88,7 @@ def node_objects(
         if not topology and placement.get("policyName") and policy_topology is not None:
             topology = policy_topology(str(placement["policyName"]))
         node_labels[labels.TPU_ACCELERATOR] = accelerator
+        node_labels[labels.ACCELERATOR_COUNT] = str(chips)
         node_labels[labels.TPU_TOPOLOGY] = topology or single_host_topology(accelerator, chips)
         capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", labels.TPU_RESOURCE: str(chips)}
         if config.get("spot"):
@@ -82,7 +98,7 @@ def node_objects(
     nodes = []
     for index, zone in enumerate(z for z, n in per_zone.items() for _ in range(int(n))):
         node_name = f"gke-{cluster_name}-{name}-{index}"
-        zone_label = {"topology.kubernetes.io/zone": zone} if zone else {}
+        zone_label = {labels.ZONE: zone, REGION: zone.rsplit("-", 1)[0]} if zone else {}
         status: dict[str, Any] = {"capacity": dict(capacity), "allocatable": dict(capacity)}
         status["conditions"] = with_condition(
             status, "Ready", True, "KubeletReady", "kubelet is posting ready status"

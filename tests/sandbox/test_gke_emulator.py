@@ -224,6 +224,41 @@ def test_create_rejects_invalid_flex_start_pools_with_400(
     assert gke_emulator.pools(GKE_TEST_CLUSTER) == []
 
 
+# Node labels: GKE's and Kubernetes' domains are refused with GKE's text (but for the two TPU keys
+# GKE takes from a pool); any other key is the pool's to set.
+NODE_LABELS = [
+    ("gke-reserved", {"cloud.google.com/compute-class": "x"}, "cloud.google.com/compute-class"),
+    ("gke-nodepool", {"cloud.google.com/gke-nodepool": "x"}, "cloud.google.com/gke-nodepool"),
+    ("kubernetes", {"kubernetes.io/arch": "amd64"}, "kubernetes.io/arch"),
+    ("kubernetes-subdomain", {"node-role.kubernetes.io/tpu": ""}, "node-role.kubernetes.io/tpu"),
+    ("k8s", {"k8s.io/x": "y"}, "k8s.io/x"),
+    ("ici-resiliency", {"cloud.google.com/gke-tpu-ici-resiliency": "false"}, ""),
+    ("location-hint", {"cloud.google.com/gke-location-hint": "cell-a"}, ""),
+    ("google-com", {"google.com/team": "x"}, ""),
+    ("user-key", {"team": "ml", "example.com/kubernetes.io": "x"}, ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "key"), [c[1:] for c in NODE_LABELS], ids=[c[0] for c in NODE_LABELS]
+)
+def test_node_labels_in_gke_or_kubernetes_domains_are_refused(
+    client: gke.ClusterManagerClient, gke_emulator: GkeEmulator, node_labels: dict[str, str], key: str
+) -> None:
+    pool = make_pool()
+    pool.config.labels.update(node_labels)
+    if not key:
+        create(client, pool)
+        assert [p["name"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)] == [pool.name]
+        return
+    with pytest.raises(core.BadRequest) as caught:
+        create(client, pool)
+    assert caught.value.message.endswith(
+        f'Node labels with key "{key}" are managed by GKE or Kubernetes and must not be manually specified.'
+    )
+    assert gke_emulator.pools(GKE_TEST_CLUSTER) == []
+
+
 def test_duplicate_pool_is_409(client: gke.ClusterManagerClient) -> None:
     create(client, make_pool())
     with pytest.raises(core.Conflict, match="Already exists"):

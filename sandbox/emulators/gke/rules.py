@@ -251,6 +251,32 @@ def _check_spot_reservation(config: Any) -> None:
         raise invalid("Spot VMs cannot consume reservations: remove spot or the reservation affinity.")
 
 
+# Node-label keys GKE keeps for itself: its own domain and the ones Kubernetes core reserves, with
+# their subdomains (node-role.kubernetes.io/...). GKE's 400 for one of them is quoted in
+# hashicorp/terraform-provider-google PR 19677 (for cloud.google.com/compute-class); an older
+# wording for kubernetes.io keys ("Applying kubernetes label is not allowed: ...") is in
+# bitpoke/stack issue 86. The two cloud.google.com/ keys GKE takes on a TPU pool are the ones
+# Google's tpu-provisioner (ai-on-gke) copies from pods: ICI resiliency and the location hint.
+_KUBERNETES_LABEL_DOMAINS = ("kubernetes.io", "k8s.io")
+_ACCEPTED_GKE_LABELS = frozenset(
+    {"cloud.google.com/gke-tpu-ici-resiliency", "cloud.google.com/gke-location-hint"}
+)
+
+
+def check_node_labels(node_labels: Any) -> None:
+    """A pool's Kubernetes node labels (create or update) must stay out of the reserved domains."""
+    for key in sorted(node_labels):
+        prefix = key.split("/", 1)[0] if "/" in key else ""
+        reserved = prefix == "cloud.google.com" or any(
+            prefix == domain or prefix.endswith("." + domain) for domain in _KUBERNETES_LABEL_DOMAINS
+        )
+        if reserved and key not in _ACCEPTED_GKE_LABELS:
+            raise invalid(
+                f'Node labels with key "{key}" are managed by GKE or Kubernetes and must not be '
+                "manually specified."
+            )
+
+
 # Answers whether a Compute Engine resource policy exists: (project, region, name) -> bool.
 PolicyLookup = Callable[[str, str, str], bool]
 
@@ -283,6 +309,7 @@ def validate_create(pool: Any, cluster_location: str, release_channel: str = "")
     if pool.initial_node_count < 0:
         raise invalid("initial_node_count must not be negative.")
     _check_locations(pool, cluster_location)
+    check_node_labels(pool.config.labels)
     _check_management(pool, release_channel)
     _check_autoscaling(pool.autoscaling)
     _check_flex_start(pool)
