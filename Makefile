@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lint typecheck test unit demo demo-basic sandbox-up bench clean
+.PHONY: install lint typecheck test unit demo demo-basic sandbox-up bench lock clean
 
 $(STAMP): pyproject.toml
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
@@ -47,6 +47,15 @@ demo-basic: install
 
 bench: install
 	$(BIN)/tpuprov bench
+
+# The function image's lock (infra/image/requirements.lock): [project].dependencies resolved to exact
+# versions with the sha256 of every file; run it after changing them (needs PyPI). pip-tools gets a
+# throwaway virtualenv so the dev one stays as `install` made it.
+lock:
+	$(PY) -m venv build/pip-tools
+	build/pip-tools/bin/python -m pip install -q pip-tools
+	build/pip-tools/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+		--no-emit-index-url --no-emit-find-links --output-file=infra/image/requirements.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
