@@ -76,6 +76,7 @@ class FakeGke:
         self.specs: dict[str, NodePoolSpec] = {}
         self.calls: list[tuple[str, str]] = []
         self.relabels: list[tuple[str, dict[str, str], str]] = []
+        self.billing: dict[str, dict[str, str]] = {}  # each pool's resource labels (create, relabel)
         self.before_delete: Callable[[str], None] | None = None  # runs as a delete call arrives
         self._faults: dict[str, list[Exception]] = {}
         self._ops = itertools.count(1)
@@ -165,6 +166,7 @@ class FakeGke:
                 flex_start=spec.flex_start,
             )
             self.specs[spec.name] = spec
+            self.billing[spec.name] = dict(spec.resource_labels)
             return f"operation-{next(self._ops)}"
 
     def delete_node_pool(self, cluster: str, name: str, why: str) -> str:
@@ -178,8 +180,16 @@ class FakeGke:
             del self.pools[cluster][name]
             return f"operation-{next(self._ops)}"
 
-    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
-        """Replace the pool's node labels; 404 if missing, GKE's busy error while it is being deleted."""
+    def set_node_pool_labels(
+        self,
+        cluster: str,
+        name: str,
+        labels: Mapping[str, str],
+        why: str,
+        resource_labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """Replace the pool's node labels (and resource labels when given); 404 if missing, GKE's
+        busy error while it is being deleted."""
         with self._lock:
             self._enter("set_labels", name)
             pool = self.pools.get(cluster, {}).get(name)
@@ -189,6 +199,8 @@ class FakeGke:
                 raise TransientError(_INCOMPATIBLE)
             self.pools[cluster][name] = dataclasses.replace(pool, labels=dict(labels))
             self.relabels.append((name, dict(labels), why))
+            if resource_labels is not None:
+                self.billing[name] = dict(resource_labels)
             return f"operation-{next(self._ops)}"
 
     def mark(self, cluster: str, name: str, status: str, message: str = "") -> None:

@@ -330,12 +330,23 @@ class GkeNodePoolAPI:
         operation = self._call(f"delete node pool {path}", "delete_node_pool", name=path)
         return operation_to_info(operation, parent).name
 
-    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
-        """Replace the pool's node labels through ``UpdateNodePool`` and return the operation path.
+    def set_node_pool_labels(
+        self,
+        cluster: str,
+        name: str,
+        labels: Mapping[str, str],
+        why: str,
+        resource_labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """Replace the pool's node labels (and resource labels) through ``UpdateNodePool``; return the
+        operation path.
 
         ``UpdateNodePoolRequest.labels`` (a ``NodeLabels``) replaces every node label of the pool and
-        GKE applies them to the running nodes without recreating them; no other field is sent, so
-        nothing else about the pool changes.
+        GKE applies them to the running nodes without recreating them. ``resource_labels`` (a
+        ``ResourceLabels``, the labels GKE puts on the pool's Compute Engine resources, which billing
+        exports group by) goes in the same request, so a handover is one operation: GKE runs one at a
+        time per pool, and a second call right after the first would be refused as incompatible. Only
+        a location change must be sent alone (the field's documentation); nothing else is sent.
         """
         from google.cloud import container_v1 as gke
 
@@ -351,6 +362,8 @@ class GkeNodePoolAPI:
             },
         )
         request = gke.UpdateNodePoolRequest(name=path, labels=gke.NodeLabels(labels=dict(labels)))
+        if resource_labels is not None:
+            request.resource_labels = gke.ResourceLabels(labels=dict(resource_labels))
         operation = self._call(f"relabel node pool {path}", "update_node_pool", request=request)
         return operation_to_info(operation, parent).name
 

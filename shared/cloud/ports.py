@@ -49,9 +49,17 @@ class NodePoolAPI(Protocol):
         """Start deleting a pool. Raises NotFoundError, RejectedError or TransientError."""
         ...
 
-    def set_node_pool_labels(self, cluster: str, name: str, labels: Mapping[str, str], why: str) -> str:
-        """Replace the pool's node labels (GKE relabels its nodes). Raises NotFoundError,
-        RejectedError or TransientError (e.g. another operation runs on the pool)."""
+    def set_node_pool_labels(
+        self,
+        cluster: str,
+        name: str,
+        labels: Mapping[str, str],
+        why: str,
+        resource_labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """Replace the pool's node labels (GKE relabels its nodes) and, when given, its resource
+        (billing) labels, in one operation. Raises NotFoundError, RejectedError or TransientError
+        (e.g. another operation runs on the pool)."""
         ...
 
     def get_operation(self, operation: str) -> OperationInfo:

@@ -9,7 +9,8 @@ look at who actually occupies it and decide between
   window is over);
 * ``KEEP``   - the owner still needs it, or the owner's own pods still run there, or an occupant
   cannot be recorded as the new owner;
-* ``ADOPT``  - a live JobSet other than the owner runs there: the pool becomes that JobSet's;
+* ``ADOPT``  - a live JobSet other than the owner runs there, or (when the JobSet being released
+  ran there last) that JobSet: the pool becomes that JobSet's, node and billing labels alike;
 * ``OFFER``  - idle, but a waiting JobSet needs exactly this shape: kept (uncordoned) for at most
   ``IDLE_POOL_SECONDS`` so its pods can land on it instead of paying for a delete and a create.
 
@@ -206,6 +207,46 @@ def adopted_labels(pool: NodePoolInfo, occupant: Occupant) -> dict[str, str]:
     return new
 
 
+def last_runs(
+    nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], namespace: str, name: str, uid: str
+) -> dict[str, Occupant]:
+    """The pools (by name) on whose nodes pods of JobSet ``namespace/name`` (uid ``uid`` when given)
+    ran or run, in any phase: the JobSet being released takes over the pools it ran on last.
+
+    ``nodes``: the managed Nodes (each carries its pool's name); ``pods``: the JobSet's pods.
+    """
+    pool_of = {
+        str((n.get("metadata") or {}).get("name", "")): str(
+            ((n.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL, "")
+        )
+        for n in nodes
+    }
+    held: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if str(meta.get("namespace") or "default") != namespace:
+            continue
+        if pod_jobset_value(pod, labels.JOBSET_NAME) != name:
+            continue
+        claimed = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
+        if uid and claimed and claimed != uid:
+            continue  # an older JobSet of that name ran there, not this one
+        pool = pool_of.get(str((pod.get("spec") or {}).get("nodeName") or ""), "")
+        if pool:
+            held.setdefault(pool, []).append(pod)
+    return {
+        pool: Occupant(
+            namespace=namespace,
+            name=name,
+            uid=uid or str(pod_jobset_value(found[0], labels.JOBSET_UID) or ""),
+            replicated_job=str(pod_jobset_value(found[0], labels.REPLICATED_JOB_NAME) or ""),
+            job_index=str(pod_jobset_value(found[0], labels.JOB_INDEX) or "0"),
+            pods=len(found),
+        )
+        for pool, found in held.items()
+    }
+
+
 def _owner(pool: NodePoolInfo) -> tuple[str, str, str]:
     return (
         pool.labels.get(labels.OWNER_NAMESPACE, ""),
@@ -221,10 +262,14 @@ def decide(
     demand: Sequence[Demand],
     idle_seconds: float,
     settings: Settings,
+    last_user: Occupant | None = None,
 ) -> Decision:
     """DELETE, KEEP, ADOPT or OFFER for ``pool`` given its owner's verdict and who runs on it.
 
     ``idle_seconds``: how long the pool has had no owner that needs it (0 when just now).
+    ``last_user``: the JobSet being released, when its (finished) pods ran on the pool after the
+    owner's: with no live JobSet on the pool it adopts it, so that its own release deletes it and its
+    Events name it. A live occupant always comes first: the pool is its now.
     """
     if not verdict.delete:
         return Decision(KEEP, verdict.why)
@@ -233,17 +278,22 @@ def decide(
         return Decision(KEEP, f"{verdict.why}, but its own pods still run on {pool.name}")
     if found:
         adopter = found[0]
-        for value in adopted_labels(pool, adopter).values():
-            problem = label_value_problem(value)
-            if problem:
-                # Never delete under a running workload; keeping costs money, deleting costs the run.
-                return Decision(
-                    KEEP, f"{adopter.describe()} runs on {pool.name} but cannot own it: {problem}"
-                )
+        problem = _ownership_problem(pool, adopter)
+        if problem:
+            # Never delete under a running workload; keeping costs money, deleting costs the run.
+            return Decision(KEEP, f"{adopter.describe()} runs on {pool.name} but cannot own it: {problem}")
         others = f" (and {len(found) - 1} more JobSet(s))" if len(found) > 1 else ""
         return Decision(
             ADOPT, f"{verdict.why}; {adopter.describe()} runs {adopter.pods} pod(s) on it{others}", adopter
         )
+    # A last user whose name GKE would refuse as a label leaves the owner's name on a pool that goes.
+    if (
+        last_user is not None
+        and (last_user.namespace, last_user.name, last_user.uid) != (namespace, name, uid)
+        and not _ownership_problem(pool, last_user)
+    ):
+        ran = f"{last_user.describe()} ran {last_user.pods} pod(s) on it last"
+        return Decision(ADOPT, f"{verdict.why}; {ran}", last_user)
     if pool.status != STATUS_RUNNING:
         return Decision(DELETE, verdict.why)  # only a working pool is worth holding for someone
     shape = pool_shape(pool)
@@ -260,6 +310,15 @@ def decide(
     if taker is not None:
         return Decision(DELETE, f"{verdict.why}; idle for {idle_seconds:.0f}s, nobody took it")
     return Decision(DELETE, verdict.why)
+
+
+def _ownership_problem(pool: NodePoolInfo, taker: Occupant) -> str:
+    """Why ``taker`` cannot be recorded as the pool's owner (a label value GKE would refuse), or ""."""
+    for value in adopted_labels(pool, taker).values():
+        problem = label_value_problem(value)
+        if problem:
+            return problem
+    return ""
 
 
 def demand(

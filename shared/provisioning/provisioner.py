@@ -30,6 +30,7 @@ from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.fanout import fan_out
+from shared.provisioning.handover import Handover
 from shared.provisioning.known import KnownPools, group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, done
 from shared.provisioning.policies import WorkloadPolicies
@@ -84,6 +85,7 @@ class Provisioner:
         self._clock = clock
         self.backoff = backoff.Backoff(settings, kube, wall_clock)
         self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
+        self.handover = Handover(settings, gke, kube)
         self._cluster: ClusterInfo | None = None
         # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
         self.operation_limit: int | None = settings.gke_operation_limit or None
@@ -125,7 +127,8 @@ class Provisioner:
         try:
             request = slice_request(pod)
         except NotEligible as exc:
-            return done(Outcome(SKIPPED, f"pod {who}: {exc.why}"))
+            # Bound by now, maybe to a pool kept idle for its JobSet: that JobSet adopts it.
+            return done(Outcome(SKIPPED, f"pod {who}: {exc.why}{self.handover.claim(pod)}"))
         except Refused as exc:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()

@@ -9,6 +9,10 @@ bound to one of its nodes. Its nodes are cordoned before the last check so nothi
 the check and the delete; an occupied pool is adopted by its occupant (ownership labels updated
 through GKE, so that JobSet's end releases it) or kept, and an idle pool a waiting JobSet of the
 same shape needs is kept for ``IDLE_POOL_SECONDS`` (see ``shared.provisioning.occupancy``).
+
+A JobSet's release also looks for pools its pods ran on that are still labelled for their former
+owner (kept idle for it, and nobody saw it run there): it adopts them first, so each pool is deleted
+by the release of the JobSet that ran on it last and that JobSet's Events name it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
@@ -27,8 +31,10 @@ from shared.core.settings import Settings
 from shared.provisioning import occupancy
 from shared.provisioning.guard import PoolGuard
 from shared.provisioning.occupancy import Verdict
-from shared.tpu.jobsets import condition
+from shared.provisioning.verdicts import idle_seconds, judge
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
+
+_MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 log = logs.get("release")
 
@@ -49,74 +55,6 @@ def owned_by(pool: NodePoolInfo, namespace: str, name: str, uid: str = "") -> bo
     if name and pool.labels.get(labels.OWNER_NAME) != name:
         return False
     return not uid or pool.labels.get(labels.OWNER_UID) == uid
-
-
-def _since(timestamp: str, now: datetime.datetime) -> float:
-    try:
-        then = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
-        return float("inf")  # unknown transition time: treat as long ago rather than keep forever
-    return (now - then).total_seconds()
-
-
-def judge(
-    pool: NodePoolInfo, jobset: dict[str, Any] | None, settings: Settings, now: datetime.datetime
-) -> Verdict:
-    """Decide whether ``pool`` may be deleted given its JobSet as the API shows it now (None = gone)."""
-    owner = f"{pool.labels.get(labels.OWNER_NAMESPACE)}/{pool.labels.get(labels.OWNER_NAME)}"
-    if jobset is None:
-        return Verdict(True, f"JobSet {owner} no longer exists")
-    meta = jobset.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return Verdict(True, f"JobSet {owner} is being deleted")
-    pool_uid = pool.labels.get(labels.OWNER_UID, "")
-    if pool_uid and meta.get("uid") and pool_uid != meta.get("uid"):
-        return Verdict(
-            True, f"JobSet {owner} was recreated (uid {meta.get('uid')}, pool made for {pool_uid})"
-        )
-    failed = condition(jobset, "Failed")
-    if failed:
-        return Verdict(True, f"JobSet {owner} failed ({failed.get('reason', '')})")
-    completed = condition(jobset, "Completed")
-    if completed:
-        waited = _since(str(completed.get("lastTransitionTime", "")), now)
-        if waited < settings.release_grace_seconds:
-            return Verdict(
-                False,
-                f"JobSet {owner} completed {waited:.0f}s ago; grace is {settings.release_grace_seconds}s",
-            )
-        return Verdict(True, f"JobSet {owner} completed")
-    if (jobset.get("spec") or {}).get("suspend"):
-        suspended = condition(jobset, "Suspended")
-        waited = _since(str(suspended.get("lastTransitionTime", "")), now) if suspended else 0.0
-        if suspended and waited >= settings.suspend_grace_seconds:
-            return Verdict(
-                True, f"JobSet {owner} suspended for {waited:.0f}s (grace {settings.suspend_grace_seconds}s)"
-            )
-        return Verdict(
-            False, f"JobSet {owner} is suspended, within the {settings.suspend_grace_seconds}s grace"
-        )
-    return Verdict(False, f"JobSet {owner} is still running")
-
-
-def idle_seconds(
-    pool: NodePoolInfo, jobset: dict[str, Any] | None, settings: Settings, now: datetime.datetime
-) -> float | None:
-    """How long ``pool`` has been without an owner that needs it; None when nothing says (then the
-    releaser stamps ``tpuprov.dev/idle-since`` on the pool so the next look knows)."""
-    stamp = pool.labels.get(labels.IDLE_SINCE, "")
-    if stamp.isdigit():
-        return max(0.0, now.timestamp() - int(stamp))
-    if jobset is not None and (jobset.get("metadata") or {}).get("uid") == pool.labels.get(labels.OWNER_UID):
-        for kind in ("Completed", "Failed"):
-            cond = condition(jobset, kind)
-            if cond:
-                return max(0.0, _since(str(cond.get("lastTransitionTime", "")), now))
-        suspended = condition(jobset, "Suspended")
-        if suspended:
-            waited = _since(str(suspended.get("lastTransitionTime", "")), now)
-            return max(0.0, waited - settings.suspend_grace_seconds)
-    return None
 
 
 def jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +101,8 @@ class Releaser:
         # check below still decides whether each may go.
         listing = self.gke.list_node_pools(self.settings.cluster_path)
         pools = [p for p in listing if owned_by(p, namespace, name, uid)]
-        if not pools:
+        ran_on = self._ran_on(namespace, name, uid, listing, pools) if name else {}
+        if not pools and not ran_on:
             logs.decision(
                 log,
                 "release.nothing",
@@ -172,6 +111,7 @@ class Releaser:
             )
             return []
         jobsets: JobSets = {}
+        retry = self._take_over(ran_on, listing, trigger, jobsets) if ran_on else []
         for owner in sorted({p.labels.get(labels.OWNER_NAME, "") for p in pools}):
             self._jobset(jobsets, namespace, owner)
         now = datetime.datetime.now(tz=datetime.UTC)
@@ -180,9 +120,44 @@ class Releaser:
             for p in pools
         ]
         outcome = self.dispose(verdicts, trigger, jobsets, listing)
-        if outcome.retry:
-            raise TransientError("; ".join(outcome.retry))
+        if outcome.retry or retry:
+            raise TransientError("; ".join(retry + outcome.retry))
         return [p.name for p in outcome.deleted]
+
+    def _ran_on(
+        self, namespace: str, name: str, uid: str, listing: list[NodePoolInfo], own: list[NodePoolInfo]
+    ) -> dict[str, occupancy.Occupant]:
+        """Managed pools labelled for another JobSet that this JobSet's pods ran on (two reads)."""
+        pods = self.kube.list_pods(namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
+        if not any((pod.get("spec") or {}).get("nodeName") for pod in pods):
+            return {}
+        ran = occupancy.last_runs(self.kube.list_nodes(_MANAGED_NODES), pods, namespace, name, uid)
+        mine = {p.name for p in own}
+        others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
+        return {pool: user for pool, user in ran.items() if pool in others}
+
+    def _take_over(
+        self,
+        ran_on: dict[str, occupancy.Occupant],
+        listing: list[NodePoolInfo],
+        trigger: str,
+        jobsets: JobSets,
+    ) -> list[str]:
+        """Adopt the pools the released JobSet ran on last (a live occupant takes them instead).
+
+        GKE runs one operation per pool, so a pool just relabelled cannot be deleted until the update
+        is done: the delete is left to the redelivery, which finds the pool among the JobSet's own.
+        """
+        now = datetime.datetime.now(tz=datetime.UTC)
+        verdicts = []
+        for pool in (p for p in listing if p.name in ran_on):
+            owner = self._jobset(
+                jobsets, pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, "")
+            )
+            verdicts.append((pool, judge(pool, owner, self.settings, now)))
+        outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
+        taken = [p.name for p, taker in outcome.adopted if taker == ran_on.get(p.name)]
+        return outcome.retry + [f"{pool}: adopted; released once GKE has relabelled it" for pool in taken]
 
     def dispose(
         self,
@@ -191,13 +166,18 @@ class Releaser:
         jobsets: JobSets,
         listing: list[NodePoolInfo],
         all_jobsets: list[dict[str, Any]] | None = None,
+        last_users: Mapping[str, occupancy.Occupant] | None = None,
+        adopt_only: bool = False,
     ) -> Outcome:
         """Carry out each owner verdict under the occupancy rule; the only path to a pool delete.
 
         ``jobsets`` caches JobSets by (namespace, name) (None = gone) and is filled as needed;
-        ``all_jobsets`` (reconcile has it) saves the listing the handover-demand check needs.
+        ``all_jobsets`` (reconcile has it) saves the listing the handover-demand check needs;
+        ``last_users`` names, by pool, the released JobSet whose finished pods ran there last;
+        ``adopt_only`` (provision) carries out adoptions and leaves every other decision to release.
         Transient failures are collected in ``Outcome.retry`` after every pool was attempted.
         """
+        last_users = last_users or {}
         outcome = Outcome()
         now = datetime.datetime.now(tz=datetime.UTC)
         waiting: list[occupancy.Demand] | None = None
@@ -221,11 +201,18 @@ class Releaser:
                 if (
                     not found
                     and waiting is None
+                    and pool.name not in last_users
+                    and not adopt_only
                     and self.settings.idle_pool_seconds > 0
                     and not self.settings.drain
                 ):
                     waiting = self._demand(listing, all_jobsets)
-                decision = occupancy.decide(pool, verdict, found, waiting or [], idle or 0.0, self.settings)
+                last = last_users.get(pool.name)
+                decision = occupancy.decide(
+                    pool, verdict, found, waiting or [], idle or 0.0, self.settings, last
+                )
+                if adopt_only and decision.action != occupancy.ADOPT:
+                    continue
                 if decision.action == occupancy.DELETE:
                     self.guard.cordon(pool, nodes, decision.why)
                     nodes = self.guard.nodes(pool)
@@ -320,16 +307,24 @@ class Releaser:
         fields: dict[str, str],
     ) -> None:
         new_labels = occupancy.adopted_labels(pool, adopter)
-        self.gke.set_node_pool_labels(self.settings.cluster_path, pool.name, new_labels, f"{why} ({trigger})")
+        # The billing labels move with the node labels, in the same operation (one per pool at a time).
+        self.gke.set_node_pool_labels(
+            self.settings.cluster_path,
+            pool.name,
+            new_labels,
+            f"{why} ({trigger})",
+            resource_labels=labels.billing_labels(adopter.name),
+        )
         outcome.adopted.append((pool, adopter))
         logs.decision(log, "release.adopted", f"{adopter.describe()} adopts {pool.name}: {why}", **fields)
         taker = jobsets.get((adopter.namespace, adopter.name))
+        tense = "run" if occupancy.is_live(taker) else "ran"  # a finished JobSet adopts at its release
         if taker is not None:
             self.kube.record_event(
                 jobset_ref(taker),
                 labels.REASON_ADOPTED,
-                f"adopted node pool {pool.name} (made for {_owner(pool)}): {adopter.pods} of its pods run "
-                f"there; it is released when this JobSet ends",
+                f"adopted node pool {pool.name} (made for {_owner(pool)}): {adopter.pods} of its pods "
+                f"{tense} there; it is released when this JobSet ends",
             )
         old = jobsets.get(
             (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))
@@ -338,7 +333,7 @@ class Releaser:
             self.kube.record_event(
                 jobset_ref(old),
                 labels.REASON_RELEASED,
-                f"handed node pool {pool.name} to {adopter.describe()}, whose pods run on it ({trigger})",
+                f"handed node pool {pool.name} to {adopter.describe()}, whose pods {tense} on it ({trigger})",
             )
 
     def _report(self, outcome: Outcome, trigger: str, jobsets: JobSets) -> None:

@@ -1,0 +1,91 @@
+"""Provision's side of a handover: a JobSet pod found running on a pool made for another JobSet.
+
+Release keeps an idle pool for a queued JobSet of its shape (``release.offered``); once that JobSet
+is admitted its pods bind to the pool at once, and the pool must become that JobSet's (node labels,
+billing labels, a ``TPUSliceAdopted`` Event) so that its own completion releases it. Whichever
+function sees the new owner's pods there first adopts it, always through ``Releaser.dispose``:
+release and reconcile when they look at the pool, a JobSet's own release for the pools it ran on
+last, and provision here, when a pending-pod event is delivered for a pod that is bound by then.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.core import labels
+from shared.core.errors import NotFoundError, TransientError
+from shared.core.settings import Settings
+from shared.provisioning.releaser import JobSets, Releaser, is_managed, judge, owned_by
+from shared.tpu.jobsets import pod_jobset_value
+
+_MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+
+
+class Handover:
+    """Adopts, for a bound JobSet pod, the pool it runs on when that pool's owner no longer needs it."""
+
+    def __init__(self, settings: Settings, gke: NodePoolAPI, kube: KubeAPI) -> None:
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.releaser = Releaser(settings, gke, kube)
+
+    def claim(self, pod: dict[str, Any]) -> str:
+        """Adopt the pool ``pod`` runs on if it is labelled for a JobSet that lets it go; returns a note
+        for the outcome ("" when there was nothing to take). Raises TransientError (redelivery) when
+        GKE could not relabel the pool now, e.g. while another operation runs on it.
+
+        Costs nothing for a pod that is not a bound, live JobSet pod, and one Node listing when the pod
+        runs on its own JobSet's pool (the Node carries the pool's owner labels).
+        """
+        meta = pod.get("metadata") or {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        name = str(pod_jobset_value(pod, labels.JOBSET_NAME) or "")
+        phase = (pod.get("status") or {}).get("phase")
+        opted_out = "true" in {
+            str((meta.get(kind) or {}).get(labels.OPT_OUT, "")).lower() for kind in ("labels", "annotations")
+        }
+        if not node or not name or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            return ""
+        if opted_out:
+            return ""
+        namespace = str(meta.get("namespace") or "default")
+        uid = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
+        found = [n for n in self.kube.list_nodes(_MANAGED_NODES) if _name(n) == node]
+        if not found:
+            return ""  # not a node of a pool the product made
+        node_labels = (found[0].get("metadata") or {}).get("labels") or {}
+        if _owner_of(node_labels) == (namespace, name) and node_labels.get(labels.OWNER_UID, uid) == uid:
+            return ""  # its own JobSet's pool, the usual case
+        try:
+            pool = self.gke.get_node_pool(self.settings.cluster_path, str(node_labels.get(labels.NODEPOOL)))
+        except NotFoundError:
+            return ""
+        if not is_managed(pool) or owned_by(pool, namespace, name, uid):
+            return ""  # adopted already (the Node's labels follow once GKE's update is done)
+        jobsets: JobSets = {}
+        owner_ns, owner_name = _owner_of(pool.labels)
+        try:
+            owner = self.kube.get_jobset(owner_ns, owner_name)
+        except NotFoundError:
+            owner = None
+        jobsets[(owner_ns, owner_name)] = owner
+        verdict = judge(pool, owner, self.settings, datetime.datetime.now(tz=datetime.UTC))
+        if not verdict.delete:
+            return ""  # the owner still needs it (e.g. suspended within its grace): it stays the owner's
+        trigger = f"pod {namespace}/{meta.get('name')} of JobSet {namespace}/{name} runs on it"
+        outcome = self.releaser.dispose([(pool, verdict)], trigger, jobsets, [pool], adopt_only=True)
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        taken = [p.name for p, taker in outcome.adopted if (taker.namespace, taker.name) == (namespace, name)]
+        return f"; adopted node pool {', '.join(taken)}" if taken else ""
+
+
+def _name(node: dict[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name", ""))
+
+
+def _owner_of(pool_labels: Any) -> tuple[str, str]:
+    return (str(pool_labels.get(labels.OWNER_NAMESPACE, "")), str(pool_labels.get(labels.OWNER_NAME, "")))

@@ -1,0 +1,85 @@
+"""The owner's side of a release: may a pool go now, and since when has nobody needed it.
+
+Pure functions of a pool and its owning JobSet as the API shows it (``None`` = gone); the occupancy
+side (who runs there) is ``shared.provisioning.occupancy``. ``shared.provisioning.releaser``
+re-exports both, as every release path (release, reconcile, ``tpuprov status``) reads them there.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from shared.core import labels
+from shared.core.settings import Settings
+from shared.provisioning.occupancy import Verdict
+from shared.tpu.jobsets import condition
+from shared.tpu.nodepools import NodePoolInfo
+
+
+def _since(timestamp: str, now: datetime.datetime) -> float:
+    try:
+        then = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return float("inf")  # unknown transition time: treat as long ago rather than keep forever
+    return (now - then).total_seconds()
+
+
+def judge(
+    pool: NodePoolInfo, jobset: dict[str, Any] | None, settings: Settings, now: datetime.datetime
+) -> Verdict:
+    """Decide whether ``pool`` may be deleted given its JobSet as the API shows it now (None = gone)."""
+    owner = f"{pool.labels.get(labels.OWNER_NAMESPACE)}/{pool.labels.get(labels.OWNER_NAME)}"
+    if jobset is None:
+        return Verdict(True, f"JobSet {owner} no longer exists")
+    meta = jobset.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return Verdict(True, f"JobSet {owner} is being deleted")
+    pool_uid = pool.labels.get(labels.OWNER_UID, "")
+    if pool_uid and meta.get("uid") and pool_uid != meta.get("uid"):
+        return Verdict(
+            True, f"JobSet {owner} was recreated (uid {meta.get('uid')}, pool made for {pool_uid})"
+        )
+    failed = condition(jobset, "Failed")
+    if failed:
+        return Verdict(True, f"JobSet {owner} failed ({failed.get('reason', '')})")
+    completed = condition(jobset, "Completed")
+    if completed:
+        waited = _since(str(completed.get("lastTransitionTime", "")), now)
+        if waited < settings.release_grace_seconds:
+            return Verdict(
+                False,
+                f"JobSet {owner} completed {waited:.0f}s ago; grace is {settings.release_grace_seconds}s",
+            )
+        return Verdict(True, f"JobSet {owner} completed")
+    if (jobset.get("spec") or {}).get("suspend"):
+        suspended = condition(jobset, "Suspended")
+        waited = _since(str(suspended.get("lastTransitionTime", "")), now) if suspended else 0.0
+        if suspended and waited >= settings.suspend_grace_seconds:
+            return Verdict(
+                True, f"JobSet {owner} suspended for {waited:.0f}s (grace {settings.suspend_grace_seconds}s)"
+            )
+        return Verdict(
+            False, f"JobSet {owner} is suspended, within the {settings.suspend_grace_seconds}s grace"
+        )
+    return Verdict(False, f"JobSet {owner} is still running")
+
+
+def idle_seconds(
+    pool: NodePoolInfo, jobset: dict[str, Any] | None, settings: Settings, now: datetime.datetime
+) -> float | None:
+    """How long ``pool`` has been without an owner that needs it; None when nothing says (then the
+    releaser stamps ``tpuprov.dev/idle-since`` on the pool so the next look knows)."""
+    stamp = pool.labels.get(labels.IDLE_SINCE, "")
+    if stamp.isdigit():
+        return max(0.0, now.timestamp() - int(stamp))
+    if jobset is not None and (jobset.get("metadata") or {}).get("uid") == pool.labels.get(labels.OWNER_UID):
+        for kind in ("Completed", "Failed"):
+            cond = condition(jobset, kind)
+            if cond:
+                return max(0.0, _since(str(cond.get("lastTransitionTime", "")), now))
+        suspended = condition(jobset, "Suspended")
+        if suspended:
+            waited = _since(str(suspended.get("lastTransitionTime", "")), now)
+            return max(0.0, waited - settings.suspend_grace_seconds)
+    return None
