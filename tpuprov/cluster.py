@@ -15,7 +15,7 @@ from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import api_client_for
 from shared.cloud.objects import ApiClientObjects
 from shared.core import labels
-from shared.core.errors import NotFoundError
+from shared.core.errors import InvalidInputError, NotFoundError
 from shared.core.settings import Settings
 from shared.tpu.nodepools import NodePoolInfo
 
@@ -30,14 +30,27 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    """The functions' settings from the environment, with the command line's overrides."""
+    """The functions' settings from the environment, with the command line's overrides; raises
+    InvalidInputError naming the flags still needed when the cluster is not fully named."""
     settings = Settings.from_env()
     overrides = {
         "project_id": getattr(args, "project", None),
         "location": getattr(args, "location", None),
         "cluster_name": getattr(args, "cluster", None),
     }
-    return settings.with_overrides(**{k: v for k, v in overrides.items() if v})
+    settings = settings.with_overrides(**{k: v for k, v in overrides.items() if v})
+    missing = [
+        f"--{flag} (or ${env})"
+        for flag, env, value in (
+            ("project", "PROJECT_ID", settings.project_id),
+            ("location", "LOCATION", settings.location),
+            ("cluster", "CLUSTER_NAME", settings.cluster_name),
+        )
+        if not value
+    ]
+    if missing:
+        raise InvalidInputError(f"which cluster? give {', '.join(missing)}")
+    return settings
 
 
 class ClusterView:
@@ -45,7 +58,9 @@ class ClusterView:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.gke = GkeNodePoolAPI(endpoint=settings.gke_api_endpoint)
+        self.gke = GkeNodePoolAPI(
+            endpoint=settings.gke_api_endpoint, access_token=settings.emulator_access_token
+        )
         self.objects = ApiClientObjects(api_client_for(settings, lambda: self.gke))
 
     def pools(self) -> list[NodePoolInfo]:

@@ -8,10 +8,14 @@ imported inside the command that needs them, so ``tpuprov --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from tpuprov.commands import bench, catalog, decode, kueue, plan, publish, sandbox, status, why
+
+# What a shell reports for a process SIGPIPE ended (`yes | head`): 128 + signal 13.
+EXIT_BROKEN_PIPE = 141
 
 # Order is the order of `tpuprov --help`.
 SUBCOMMANDS = (plan, catalog, decode, publish, kueue, status, why, sandbox, bench)
@@ -37,7 +41,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _silence_stdout() -> None:
+    """The reader (``head``, ``grep -q``) has gone: stop quietly. Pointing stdout at /dev/null keeps
+    Python's last flush at exit from reporting the same broken pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass  # stdout has no file descriptor (captured in tests): nothing left to flush
 
 
 if __name__ == "__main__":

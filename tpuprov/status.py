@@ -2,15 +2,20 @@
 
 Pure functions over what the adapters return (``NodePoolInfo`` from GKE, JSON dicts from Kubernetes),
 so the table and the JSON are tested on fixed inputs and the command only fetches and prints.
-A pool is a *leak* when nothing justifies it any more: its owner JobSet is gone, finished or replaced
-(another uid), and no live JobSet's pod runs on its nodes.
+
+What happens next to each pool (``next``/``why``) is the release path's own answer, not a second
+opinion: ``releaser.judge`` on the owner, ``occupancy.occupants`` on the nodes, ``occupancy.demand``
+for queued JobSets and ``occupancy.decide`` over them, with the settings the CLI reads from its
+environment (``RELEASE_GRACE_SECONDS``, ``SUSPEND_GRACE_SECONDS``, ``IDLE_POOL_SECONDS``, ``DRAIN``:
+set them as deployed). A pool is a *leak* only when the product would delete it now and has not
+started to: a pool GKE is deleting (STOPPING), one inside the release grace and one held idle for a
+queued JobSet of its shape are not leaks, so ``--leaks`` can gate a cron job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,12 +23,17 @@ from typing import Any
 import yaml
 
 from shared.core import labels
+from shared.core.settings import Settings
+from shared.provisioning import occupancy, releaser
 from shared.tpu import catalog
 from shared.tpu.jobsets import condition
-from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
+from tpuprov import output
 
 DEFAULT_PRICES = Path(__file__).parent / "data" / "prices.yaml"
-TERMINAL_PHASES = ("Succeeded", "Failed")
+# occupancy's decisions as a status column; "deleting" is GKE already deleting the pool.
+NEXT = {occupancy.KEEP: "keep", occupancy.ADOPT: "adopt", occupancy.OFFER: "hold", occupancy.DELETE: "delete"}
+DELETING = "deleting"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +83,8 @@ class PoolRow:
     leak: bool
     message: str = ""
     handed_over_from: str = ""  # the former owner's name when the pool was adopted instead of deleted
+    next: str = "keep"  # keep | adopt | hold | delete | deleting: what the release path does with it now
+    why: str = ""  # the release path's reason for ``next``
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-safe dict (the ``-o json`` shape, one object per pool)."""
@@ -129,10 +141,30 @@ def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) ->
     return "on-demand"
 
 
-def _live(jobset: Mapping[str, Any] | None) -> bool:
-    if jobset is None or (jobset.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    return not (condition(dict(jobset), "Completed") or condition(dict(jobset), "Failed"))
+def _demand(
+    jobsets: Sequence[Mapping[str, Any]], pools: Sequence[NodePoolInfo], settings: Settings
+) -> list[occupancy.Demand]:
+    # As the releaser: no handover window or drain mode means no pool is held for anyone.
+    if settings.idle_pool_seconds <= 0 or settings.drain:
+        return []
+    return occupancy.demand(jobsets, (p.name for p in pools), settings)
+
+
+def fate(
+    pool: NodePoolInfo,
+    owner: dict[str, Any] | None,
+    found: Sequence[occupancy.Occupant],
+    waiting: Sequence[occupancy.Demand],
+    settings: Settings,
+    now: datetime.datetime,
+) -> tuple[str, str]:
+    """What the release path would do with ``pool`` now (a ``NEXT`` value or ``deleting``) and why."""
+    if pool.status == STATUS_STOPPING:
+        return DELETING, f"GKE is deleting {pool.name}"
+    verdict = releaser.judge(pool, owner, settings, now)
+    idle = releaser.idle_seconds(pool, owner, settings, now)
+    decision = occupancy.decide(pool, verdict, found, waiting, idle or 0.0, settings)
+    return NEXT[decision.action], decision.why
 
 
 def pool_rows(
@@ -142,14 +174,19 @@ def pool_rows(
     nodes: Sequence[Mapping[str, Any]],
     prices: Prices,
     now: datetime.datetime,
+    settings: Settings,
 ) -> list[PoolRow]:
-    """One row per managed pool, sorted by owner then name."""
-    by_key = {
-        ((js.get("metadata") or {}).get("namespace", ""), (js.get("metadata") or {}).get("name", "")): js
+    """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed."""
+    by_key: dict[tuple[str, str], dict[str, Any] | None] = {
+        (
+            str((js.get("metadata") or {}).get("namespace") or "default"),
+            str((js.get("metadata") or {}).get("name", "")),
+        ): dict(js)
         for js in jobsets
     }
     node_pool: dict[str, str] = {}
     node_labels: dict[str, list[Mapping[str, str]]] = {}
+    pool_nodes: dict[str, list[Mapping[str, Any]]] = {}
     # GKE's NodePool carries no creation time: a pool's age is its oldest node's, which is also when
     # it started to cost money (a pool without nodes has no VMs to pay for).
     oldest: dict[str, datetime.datetime] = {}
@@ -158,21 +195,17 @@ def pool_rows(
         pool_name = (meta.get("labels") or {}).get(labels.NODEPOOL, "")
         node_pool[str(meta.get("name", ""))] = pool_name
         node_labels.setdefault(pool_name, []).append(meta.get("labels") or {})
+        pool_nodes.setdefault(pool_name, []).append(node)
         created = _parse_time(str(meta.get("creationTimestamp", "")))
         if created and (pool_name not in oldest or created < oldest[pool_name]):
             oldest[pool_name] = created
-    running: dict[str, set[str]] = {}
+    # Pods grouped by the pool of their node, so each pool's occupancy looks at its own pods only.
+    pool_pods: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
-            continue
         pool_name = node_pool.get(str((pod.get("spec") or {}).get("nodeName") or ""))
-        meta = pod.get("metadata") or {}
-        jobset_name = (meta.get("labels") or {}).get(labels.JOBSET_NAME)
-        if not pool_name or not jobset_name:
-            continue
-        namespace = str(meta.get("namespace", "default"))
-        if _live(by_key.get((namespace, jobset_name))):
-            running.setdefault(pool_name, set()).add(f"{namespace}/{jobset_name}")
+        if pool_name:
+            pool_pods.setdefault(pool_name, []).append(pod)
+    queued: list[occupancy.Demand] | None = None  # listed once, and only when an idle pool needs it
     shapes = _machine_types()
     rows = []
     for pool in pools:
@@ -180,7 +213,12 @@ def pool_rows(
             continue
         namespace = pool.labels.get(labels.OWNER_NAMESPACE, "")
         name = pool.labels.get(labels.OWNER_NAME, "")
-        state = owner_state(pool, by_key.get((namespace, name)))
+        owner = by_key.get((namespace, name))
+        state = owner_state(pool, owner)
+        found = occupancy.occupants(pool, pool_nodes.get(pool.name, []), pool_pods.get(pool.name, []), by_key)
+        if queued is None and not found:
+            queued = _demand(jobsets, pools, settings)
+        action, why = fate(pool, owner, found, queued or [], settings, now)
         generation, chips_per_vm = shapes.get(pool.machine_type, ("?", 0))
         chips = chips_per_vm * pool.node_count
         capacity = capacity_of(pool, node_labels.get(pool.name, []))
@@ -190,21 +228,21 @@ def pool_rows(
         hourly = prices.per_hour(generation, capacity, chips)
         # A flex-start pool exists before its VMs do: while it has no nodes it waits and costs nothing.
         # Nor does a pool in ERROR without nodes (a stockout left no VMs behind).
-        waiting = pool.flex_start and pool.status == "RUNNING" and not has_nodes
-        if hourly is not None and (waiting or (pool.status == "ERROR" and not has_nodes)):
+        flex_waiting = pool.flex_start and pool.status == "RUNNING" and not has_nodes
+        if hourly is not None and (flex_waiting or (pool.status == "ERROR" and not has_nodes)):
             hourly = 0.0
         so_far: float | None = None  # unknown price, or nodes without a creation time
         if hourly is not None and not has_nodes:
             so_far = 0.0  # no VMs, nothing paid yet
         elif hourly is not None and age is not None:
             so_far = round(hourly * age / 3600, 2)
-        on_it = tuple(sorted(running.get(pool.name, set())))
+        on_it = tuple(sorted({o.describe() for o in found}))
         rows.append(
             PoolRow(
                 name=pool.name,
                 owner=f"{namespace}/{name}",
                 owner_state=state,
-                state="WAITING" if waiting else pool.status,
+                state="WAITING" if flex_waiting else pool.status,
                 machine_type=pool.machine_type,
                 nodes=len(node_labels.get(pool.name, [])) if pool.flex_start else pool.node_count,
                 chips=chips,
@@ -215,9 +253,11 @@ def pool_rows(
                 running=on_it,
                 cost_per_hour=None if hourly is None else round(hourly, 2),
                 cost_so_far=so_far,
-                leak=state in ("gone", "completed", "failed", "deleting", "recreated") and not on_it,
+                leak=action == NEXT[occupancy.DELETE],
                 message=pool.status_message,
                 handed_over_from=pool.labels.get(labels.HANDED_OVER_FROM, ""),
+                next=action,
+                why=why,
             )
         )
     return sorted(rows, key=lambda r: (r.owner, r.name))
@@ -253,7 +293,8 @@ def _money(value: float | None, currency: str) -> str:
 
 
 def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
-    """The kubectl-style table with a totals line; an explicit line when there is nothing."""
+    """The kubectl-style table with a totals line, then why each pool not simply in use is where it is;
+    an explicit line when there is nothing."""
     if not rows:
         return "No managed TPU node pools.\n"
     header = (
@@ -261,6 +302,7 @@ def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
         "OWNER",
         "OWNER-STATE",
         "STATE",
+        "NEXT",
         "MACHINE x NODES",
         "CHIPS",
         "CAPACITY",
@@ -276,6 +318,7 @@ def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
             r.owner + (f" (from {r.handed_over_from})" if r.handed_over_from else ""),
             r.owner_state,
             r.state,
+            r.next,
             f"{r.machine_type} x {r.nodes}",
             str(r.chips),
             r.capacity,
@@ -288,30 +331,21 @@ def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
         for r in rows
     ]
     sums = totals(rows)
-    body.append(
-        (
-            "TOTAL",
-            "",
-            "",
-            "",
-            f"{sums['nodes']} nodes",
-            str(sums["chips"]),
-            "",
-            "",
-            "",
-            f"{sums['leaks']} leak" + ("" if sums["leaks"] == 1 else "s"),
-            _money(sums["cost_per_hour"], prices.currency),
-            _money(sums["cost_so_far"], prices.currency),
-        )
-    )
-    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
-    lines = [
-        "   ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip() for line in (header, *body)
-    ]
-    return "\n".join(lines) + "\n"
+    leaks = f"{sums['leaks']} leak" + ("" if sums["leaks"] == 1 else "s")
+    money = (_money(sums["cost_per_hour"], prices.currency), _money(sums["cost_so_far"], prices.currency))
+    nodes = f"{sums['nodes']} nodes"
+    body.append(("TOTAL", "", "", "", "", nodes, str(sums["chips"]), "", "", "", leaks, *money))
+    # A running owner keeping its pool needs no explanation; every other pool says why it is kept,
+    # held, handed over or deleted.
+    notes = [f"{r.name}: {r.next}: {r.why}\n" for r in rows if (r.next, r.owner_state) != ("keep", "running")]
+    return output.table(header, body) + ("\n" + "".join(notes) if notes else "")
+
+
+def document(rows: Sequence[PoolRow], prices: Prices) -> dict[str, Any]:
+    """``-o json|yaml``: the rows, the totals and the currency."""
+    return {"currency": prices.currency, "pools": [r.as_json() for r in rows], "totals": totals(rows)}
 
 
 def render_json(rows: Sequence[PoolRow], prices: Prices) -> str:
-    """``-o json``: the rows, the totals and the currency, stable key order."""
-    doc = {"currency": prices.currency, "pools": [r.as_json() for r in rows], "totals": totals(rows)}
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    """``-o json``, as the command prints it."""
+    return output.dumps(document(rows, prices), "json")

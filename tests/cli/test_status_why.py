@@ -22,6 +22,7 @@ from sandbox.testing.builders import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
 from shared.core import labels
+from shared.core.settings import Settings
 from shared.provisioning.releaser import Releaser
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.slices import build_node_pool, slice_request
@@ -135,7 +136,8 @@ def _rows(view: ClusterView) -> list[status.PoolRow]:
     nodes = view.nodes()
     for node in nodes:  # the API server stamps nodes with the wall clock: pin them to the fixture's time
         node["metadata"]["creationTimestamp"] = CREATED
-    return status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, status.Prices.load(), NOW)
+    prices = status.Prices.load()
+    return status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, view.settings)
 
 
 def _golden(name: str, text: str) -> None:
@@ -248,8 +250,8 @@ def test_a_flex_start_pool_without_nodes_shows_as_waiting_and_costs_nothing() ->
     prices = status.Prices({"v6e": {"flex-start": 1.0, "on-demand": 2.7}})
     now = datetime.datetime.now(tz=datetime.UTC)
     jobset = tpu_jobset("flex", "team-a")
-    [row] = status.pool_rows([pool], [jobset], [], [], prices, now)
+    [row] = status.pool_rows([pool], [jobset], [], [], prices, now, Settings())
     assert (row.state, row.nodes, row.capacity, row.cost_per_hour) == ("WAITING", 0, "flex-start", 0.0)
     node = {"metadata": {"name": "n1", "labels": {labels.NODEPOOL: pool.name}}}
-    [row] = status.pool_rows([pool], [jobset], [], [node], prices, now)
+    [row] = status.pool_rows([pool], [jobset], [], [node], prices, now, Settings())
     assert (row.state, row.nodes) == ("RUNNING", 1) and row.cost_per_hour

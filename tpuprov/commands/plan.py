@@ -1,92 +1,104 @@
-"""``tpuprov plan -f jobset.yaml``: the node pools a JobSet would get, without any cluster."""
+"""``tpuprov plan -f jobset.yaml``: the node pools a JobSet would get, without any cluster.
+
+Exit status: 0 when every TPU slice would get its pool, 1 when provision would refuse one (the
+reason is the row's ``refused`` field and its note), 2 when the file cannot be read or is not a
+valid JobSet manifest.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from shared.core.errors import InvalidInputError
 from shared.core.settings import Settings
 from shared.tpu.plan import plan
+from tpuprov import output
+from tpuprov.manifest import load_jobsets
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_BAD_INPUT = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``plan`` subcommand."""
-    parser = subparsers.add_parser("plan", help="print the node pools a JobSet manifest would get")
+    parser = subparsers.add_parser(
+        "plan", help="print the node pools a JobSet manifest would get", description=__doc__
+    )
     parser.add_argument(
         "-f", "--file", required=True, help="JobSet YAML (may hold several documents; - for stdin)"
     )
-    parser.add_argument("--output", choices=("table", "json"), default="table")
+    output.add_output_argument(parser)
     parser.add_argument(
         "--location", default="", help="cluster zone (default: LOCATION env or us-central2-b)"
     )
     parser.set_defaults(func=run)
 
 
-def _documents(path: str) -> list[dict[str, Any]]:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict) and d.get("kind") == "JobSet"]
+def _read(path: str) -> str:
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"cannot read {path}: {exc}") from None
+
+
+def rows_for(jobsets: list[dict[str, Any]], settings: Settings) -> list[dict[str, Any]]:
+    """One dict per slice of each JobSet: the ``-o json|yaml`` rows."""
+    rows: list[dict[str, Any]] = []
+    for jobset in jobsets:
+        meta = dict(jobset.get("metadata") or {})
+        meta.setdefault("namespace", "default")
+        # A manifest has no uid yet; the real pool names hash the uid the API server assigns.
+        meta.setdefault("uid", "<uid>")
+        jobset = {**jobset, "metadata": meta}
+        for planned in plan(jobset, settings):
+            rows.append({"jobset": f"{meta['namespace']}/{meta.get('name')}", **dataclasses.asdict(planned)})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows for people, one line per slice."""
+    header = "JOBSET SLICE POOL MACHINE-TYPE NODES TOPOLOGY CHIPS PLACEMENT CAPACITY NOTE".split()
+    return output.table(
+        header,
+        (
+            (
+                r["jobset"],
+                r["slice"],
+                r["pool"] or "-",
+                r["machine_type"] or "-",
+                str(r["node_count"]),
+                r["topology"] or "-",
+                str(r["total_chips"]),
+                r["placement"] or "-",
+                r["capacity"] or "-",
+                ("refused: " if r["refused"] else "") + (r["note"] or ""),
+            )
+            for r in rows
+        ),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Print one row per slice: pool, machine type, node count, topology, chips, placement, and the
     capacity options in the order they are tried (the capacity policy)."""
+    source = "stdin" if args.file == "-" else args.file
     try:
-        jobsets = _documents(args.file)
-    except (OSError, yaml.YAMLError) as exc:
-        print(f"tpuprov plan: cannot read {args.file}: {exc}", file=sys.stderr)
-        return 2
-    if not jobsets:
-        print(f"tpuprov plan: no JobSet in {args.file}", file=sys.stderr)
-        return 2
+        jobsets = load_jobsets(_read(args.file), source)
+    except InvalidInputError as exc:
+        print(f"tpuprov plan: {exc.why}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     settings = Settings.from_env()
-    location = args.location or settings.location or "us-central2-b"
-    settings = settings.with_overrides(location=location)
-    rows: list[dict[str, Any]] = []
-    for jobset in jobsets:
-        meta = jobset.get("metadata") or {}
-        meta.setdefault("namespace", "default")
-        # A manifest has no uid yet; the real pool names hash the uid the API server assigns.
-        meta.setdefault("uid", "<uid>")
-        jobset["metadata"] = meta
-        for planned in plan(jobset, settings):
-            rows.append({"jobset": f"{meta['namespace']}/{meta.get('name')}", **dataclasses.asdict(planned)})
-    if args.output == "json":
-        print(json.dumps(rows, indent=2))
-        return 0
-    header = (
-        "JOBSET",
-        "SLICE",
-        "POOL",
-        "MACHINE TYPE",
-        "NODES",
-        "TOPOLOGY",
-        "CHIPS",
-        "PLACEMENT",
-        "CAPACITY",
-        "NOTE",
-    )
-    table = [header] + [
-        (
-            r["jobset"],
-            r["slice"],
-            r["pool"] or "-",
-            r["machine_type"] or "-",
-            str(r["node_count"]),
-            r["topology"] or "-",
-            str(r["total_chips"]),
-            r["placement"] or "-",
-            r["capacity"] or "-",
-            r["note"] or "",
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-    return 0
+    settings = settings.with_overrides(location=args.location or settings.location or "us-central2-b")
+    rows = rows_for(jobsets, settings)
+    output.emit(args.output, rows, lambda: table(rows))
+    refused = [r for r in rows if r["refused"]]
+    if refused:
+        sys.stdout.flush()  # the rows first, then the verdict, when both go to one terminal
+        print(f"tpuprov plan: {len(refused)} slice(s) would be refused", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuprov.cluster import add_cluster_arguments
+from tpuprov.output import add_output_argument
 
 
 def register(subparsers: Any) -> None:
@@ -21,8 +22,12 @@ def register(subparsers: Any) -> None:
         "from a price table (tpuprov/data/prices.yaml; override with --prices or $TPUPROV_PRICES).",
     )
     add_cluster_arguments(parser)
-    parser.add_argument("--leaks", action="store_true", help="only pools without a live owner or user")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    parser.add_argument(
+        "--leaks",
+        action="store_true",
+        help="only pools the product would delete now but has not (exit 1 when there are any)",
+    )
+    add_output_argument(parser)
     parser.add_argument("--prices", type=Path, default=None, help="price table (YAML) to estimate costs with")
     parser.set_defaults(func=run)
 
@@ -30,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input."""
     from shared.core.errors import TpuProvError
-    from tpuprov import status
+    from tpuprov import output, status
     from tpuprov.cluster import ClusterView, settings_from
 
     price_file = args.prices or (
@@ -50,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
             view.nodes(),
             prices,
             datetime.datetime.now(tz=datetime.UTC),
+            view.settings,
         )
     except TpuProvError as exc:
         print(f"tpuprov status: {exc.why}", file=sys.stderr)
         return 2
     if args.leaks:
         rows = [r for r in rows if r.leak]
-    render = status.render_json if args.output == "json" else status.render_table
-    sys.stdout.write(render(rows, prices))
+    output.emit(args.output, status.document(rows, prices), lambda: status.render_table(rows, prices))
     return 1 if args.leaks and rows else 0
