@@ -20,6 +20,7 @@ SKIPPED = "skipped"
 REFUSED = "refused"
 FAILED = "failed"
 WAITING = "waiting"  # every GKE operation slot is taken: a finished operation (or reconcile) resumes it
+REPLACED = "replaced"  # the slice's pool no longer fit its pods: deleted, a later event builds it again
 
 
 @dataclasses.dataclass(frozen=True)

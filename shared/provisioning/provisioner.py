@@ -34,6 +34,7 @@ from shared.provisioning.handover import Handover
 from shared.provisioning.known import KnownPools, group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, done
 from shared.provisioning.policies import WorkloadPolicies
+from shared.provisioning.refit import Refit
 from shared.provisioning.requests import (
     Create,
     create_why,
@@ -46,7 +47,7 @@ from shared.provisioning.requests import (
     pod_created_at,
     pod_ref,
 )
-from shared.tpu import capacity, catalog
+from shared.tpu import capacity, catalog, selectors
 from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -85,6 +86,7 @@ class Provisioner:
         self._clock = clock
         self.backoff = backoff.Backoff(settings, kube, wall_clock)
         self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
+        self.refit = Refit(settings, gke, kube)
         self.handover = Handover(settings, gke, kube)
         self._cluster: ClusterInfo | None = None
         # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
@@ -164,6 +166,10 @@ class Provisioner:
         budget = Budget(self.settings.request_deadline_seconds, clock=self._clock)
         pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
         existing = next((p for p in pools if p.name == spec.name), None)
+        misfit = selectors.misfit(request.selected, existing, spec) if existing is not None else ""
+        if existing is not None and misfit and existing.status not in (STATUS_ERROR, STATUS_STOPPING):
+            self.known_pools.forget(spec.name)  # found by name, but the pod could never land on it
+            return self.refit.handle(pod, request, existing, misfit, slice_desc)
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)

@@ -1,0 +1,108 @@
+"""A slice's pool that no longer fits its pods: replaced when nobody runs on it, refused otherwise.
+
+The pool name is derived from the slice, not from what its pods select, so a JobSet whose pods
+change their selectors under the same uid finds its old pool by name. The usual cause is Kueue:
+a JobSet suspended and re-admitted under another flavor within SUSPEND_GRACE_SECONDS gets pods
+selecting, say, Spot VMs while its pool (kept through the grace) runs on-demand VMs. Those pods
+could never land there, and the pool bills until release.
+
+The decision (README "Pods land"): the pool is deleted through the same cordon / occupancy check
+as any release (``shared.provisioning.guard``) when it is the slice's own, RUNNING and no JobSet
+pod runs on it; a later pending event of the slice then creates it as the pods now ask. A pool
+another JobSet's pods run on (or one handed to another JobSet) is never deleted: the pod is
+refused with the reason instead, and the pool goes the usual way once that workload ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.core import labels
+from shared.core.errors import NotFoundError
+from shared.core.settings import Settings
+from shared.provisioning.guard import PoolGuard
+from shared.provisioning.outcomes import REFUSED, REPLACED, WAITING, Outcome, done
+from shared.provisioning.requests import jobset_ref, pod_ref
+from shared.tpu.jobsets import pod_jobset_value
+from shared.tpu.nodepools import STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR, NodePoolInfo
+from shared.tpu.slices import SliceRequest
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _jobset_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # A DaemonSet's pod runs on every node and holds nothing; any live JobSet pod holds the pool.
+    return [
+        p
+        for p in pods
+        if pod_jobset_value(p, labels.JOBSET_NAME) and (p.get("status") or {}).get("phase") not in _TERMINAL
+    ]
+
+
+class Refit:
+    """Replace (or refuse over) a slice's existing pool that its pods can no longer land on."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.guard = PoolGuard(kube, settings.cordon_settle_seconds, sleep)
+
+    def handle(
+        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, misfit: str, slice_desc: str
+    ) -> Outcome:
+        """Decide for a pool of the slice's name that ``misfit`` says the pod cannot run on."""
+        owner = pool.labels.get(labels.OWNER_UID, "")
+        if (
+            pool.labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE
+            or owner != request.slice_id.jobset_uid
+        ):
+            return self._refuse(pod, request, pool, misfit, "it is not this JobSet's own pool", slice_desc)
+        if pool.status not in (STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR):
+            # An operation runs on it (create, label update): GKE refuses a delete meanwhile. The next
+            # pending event of the slice looks again.
+            why = f"pool {pool.name} no longer fits the pod ({misfit}); it is replaced once it is RUNNING"
+            return done(Outcome(WAITING, why, pool.name, slice_desc))
+        why = f"pool {pool.name} no longer fits the pod: {misfit}"
+        nodes = self.guard.nodes(pool)
+        busy = _jobset_pods(self.guard.pods_on(nodes))
+        if not busy:
+            self.guard.cordon(pool, nodes, why)
+            nodes = self.guard.nodes(pool)
+            busy = _jobset_pods(self.guard.pods_on(nodes))
+        if busy:
+            self.guard.uncordon(pool, nodes, "a JobSet pod runs there: the pool is kept")
+            reason = f"{len(busy)} JobSet pod(s) run on it, and a pool is never replaced under a workload"
+            return self._refuse(pod, request, pool, misfit, reason, slice_desc)
+        # Already gone (NotFoundError): the next pending event creates it anew all the same.
+        with contextlib.suppress(NotFoundError):
+            self.gke.delete_node_pool(self.settings.cluster_path, pool.name, why)
+        message = f"deleted node pool {pool.name} to build it again: {misfit}"
+        self.kube.record_event(jobset_ref(request), labels.REASON_RELEASED, message)
+        self.kube.record_event(pod_ref(pod), labels.REASON_RELEASED, message)
+        return done(Outcome(REPLACED, message, pool.name, slice_desc), logging.WARNING)
+
+    def _refuse(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        pool: NodePoolInfo,
+        misfit: str,
+        reason: str,
+        slice_desc: str,
+    ) -> Outcome:
+        why = f"node pool {pool.name} no longer fits the pod ({misfit}) and is not replaced: {reason}"
+        self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
+        self.kube.record_event(jobset_ref(request), labels.REASON_REFUSED, why, warning=True)
+        return done(Outcome(REFUSED, why, pool.name, slice_desc), logging.WARNING)
