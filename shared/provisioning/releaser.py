@@ -149,6 +149,8 @@ class Releaser:
         is done: the delete is left to the redelivery, which finds the pool among the JobSet's own.
         """
         now = datetime.datetime.now(tz=datetime.UTC)
+        for user in ran_on.values():  # its Events go on it; its finished pods leave it out of occupancy
+            self._jobset(jobsets, user.namespace, user.name)
         verdicts = []
         for pool in (p for p in listing if p.name in ran_on):
             owner = self._jobset(

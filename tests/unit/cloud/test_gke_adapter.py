@@ -443,3 +443,27 @@ def test_second_operation_on_a_pool_being_updated_is_transient(
         gke_api.delete_node_pool(gke_cluster, "a", why="release")
     with pytest.raises(NotFoundError):
         gke_api.set_node_pool_labels(gke_cluster, "missing", {}, why="adopt")
+
+
+def test_relabel_moves_the_billing_labels_in_the_same_operation(
+    gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
+) -> None:
+    # A handover relabels node and resource labels at once: GKE runs one operation per pool, so a
+    # second update for the billing labels would be refused while the first runs.
+    gke_api.create_node_pool(gke_cluster, slice_spec("a"), why="slice a")
+    gke_emulator.set_op_delay(30)
+    gke_api.set_node_pool_labels(
+        gke_cluster, "a", {"owner": "b"}, why="adopted by b", resource_labels={"tpuprov-jobset": "b"}
+    )
+    stored = gke_emulator.state.get_pool(gke_cluster, "a")
+    assert (dict(stored.config.labels), dict(stored.config.resource_labels)) == (
+        {"owner": "b"},
+        {"tpuprov-jobset": "b"},
+    )
+    assert [c.method for c in gke_emulator.calls if c.method == "update"] == ["update"]
+    # Without resource labels the pool's billing labels stay as they are (an idle stamp, say).
+    gke_emulator.state.finish_operations()
+    gke_api.set_node_pool_labels(gke_cluster, "a", {"owner": "b", "idle": "1"}, why="idle")
+    assert dict(gke_emulator.state.get_pool(gke_cluster, "a").config.resource_labels) == {
+        "tpuprov-jobset": "b"
+    }

@@ -1,0 +1,292 @@
+"""A pool kept idle for a queued JobSet becomes that JobSet's as soon as a function sees it there.
+
+The queued JobSet's pods bind to the idle pool at once (no pending-pod event, no release of the
+former owner left to look), so the pool is adopted by whichever function sees the new owner's pods
+on it first: its own release (for the pools it ran on last), provision (a pending-pod event read
+when the pod is bound by then), or release/reconcile looking at the pool. Over the stateful fakes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandbox.testing.builders import tpu_jobset
+from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.core import labels
+from shared.core.errors import TransientError
+from shared.provisioning import occupancy
+from shared.provisioning.occupancy import ADOPT, DELETE, KEEP, Decision, Occupant, Verdict
+from shared.provisioning.outcomes import SKIPPED
+from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.releaser import Releaser
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.slices import build_node_pool, slice_request
+from tests.unit.provisioning.test_release_paths import (
+    CLUSTER,
+    SETTINGS,
+    ago,
+    events,
+    finish,
+    now,
+    owner,
+    with_pools,
+)
+
+GONE = Verdict(True, "JobSet team-a/a completed")
+
+
+def queue(kube: FakeKube, name: str, replicas: int = 1) -> dict[str, Any]:
+    """A JobSet Kueue holds suspended (no pods yet)."""
+    jobset = tpu_jobset(name, "team-a", replicas=replicas)
+    jobset["spec"]["suspend"] = True
+    kube.add_jobset(jobset)
+    return jobset
+
+
+def admit_onto(kube: FakeKube, jobset: dict[str, Any], pools: list[NodePoolInfo]) -> list[str]:
+    """Kueue admits ``jobset``: its pods are created and bind at once to the idle ``pools``."""
+    jobset["spec"]["suspend"] = False
+    kube.jobsets[("team-a", jobset["metadata"]["name"])] = jobset
+    names = []
+    for index, pod in enumerate(submit_pods(kube, jobset)):
+        pool = pools[int(pod["metadata"]["labels"][labels.JOB_INDEX]) % len(pools)]
+        kube.bind("team-a", pod["metadata"]["name"], f"gke-c-{pool.name}-{index % pool.node_count}")
+        names.append(pod["metadata"]["name"])
+    return names
+
+
+def submit_pods(kube: FakeKube, jobset: dict[str, Any]) -> list[dict[str, Any]]:
+    pods = expand_pods(jobset)
+    for pod in pods:
+        kube.add_pod(pod)
+    return pods
+
+
+def release(gke: FakeGke, kube: FakeKube, jobset: dict[str, Any]) -> list[str]:
+    meta = jobset["metadata"]
+    return Releaser(SETTINGS, gke, kube).release("team-a", meta["name"], meta["uid"], "JobSet completed")
+
+
+def offered(gke: FakeGke, kube: FakeKube) -> tuple[dict[str, Any], NodePoolInfo, dict[str, Any]]:
+    """A finished; its pool kept idle for the queued B, which is then admitted onto it."""
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(1))  # within the handover window
+    b = queue(kube, "b")
+    assert release(gke, kube, a) == []
+    assert owner(gke, pool) == ("a", a["metadata"]["uid"])  # offered, not handed yet: B has no pods
+    admit_onto(kube, b, [pool])
+    return a, pool, b
+
+
+def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_then_deletes_it(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    _, pool, b = offered(gke, kube)
+    finish(kube, "b")  # B ran on A's idle pool and is over before any function looked at the pool
+
+    # The relabel is a GKE operation: the delete waits for the redelivery.
+    with pytest.raises(TransientError, match=f"{pool.name}: adopted"):
+        release(gke, kube, b)
+    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
+    assert gke.billing[pool.name][labels.RESOURCE_LABEL_JOBSET] == "b"
+    assert gke.pools[CLUSTER][pool.name].labels[labels.HANDED_OVER_FROM] == "a"
+    assert gke.count("delete") == 0
+    [adopted] = events(kube, labels.REASON_ADOPTED, "b")
+    assert pool.name in adopted and "ran there" in adopted
+    assert any(
+        f"handed node pool {pool.name} to team-a/b" in m for m in events(kube, labels.REASON_RELEASED, "a")
+    )
+
+    assert release(gke, kube, b) == [pool.name]  # the redelivery: B's own pool now, B is over
+    assert [m for m in events(kube, labels.REASON_RELEASED, "b") if pool.name in m]
+
+
+def test_a_live_occupant_takes_the_pool_not_the_finished_jobset_that_ran_before_it(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    _, pool, b = offered(gke, kube)
+    finish(kube, "b")
+    c = tpu_jobset("c", "team-a", replicas=1)
+    kube.add_jobset(c)
+    admit_onto(kube, c, [pool])
+
+    assert release(gke, kube, b) == []  # nothing to retry: the pool is C's, C's end releases it
+    assert owner(gke, pool) == ("c", c["metadata"]["uid"])
+    assert gke.billing[pool.name][labels.RESOURCE_LABEL_JOBSET] == "c"
+    assert events(kube, labels.REASON_ADOPTED, "b") == []
+    assert gke.count("delete") == 0
+
+
+def test_the_owner_still_needing_its_pool_keeps_it_whoever_ran_there(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)  # A runs
+    b = tpu_jobset("b", "team-a", replicas=1)
+    kube.add_jobset(b)
+    admit_onto(kube, b, [pool])
+    finish(kube, "b")
+
+    assert release(gke, kube, b) == []
+    assert owner(gke, pool) == ("a", a["metadata"]["uid"])
+    assert gke.count("set_labels") == 0 and gke.count("delete") == 0
+
+
+def test_provision_adopts_the_pool_a_bound_pod_of_the_new_owner_runs_on(gke: FakeGke, kube: FakeKube) -> None:
+    _, pool, b = offered(gke, kube)
+    pod = next(p for p in kube.pods.values() if p["metadata"]["labels"][labels.JOBSET_NAME] == "b")
+    pod["status"]["phase"] = "Running"
+    provisioner = Provisioner(SETTINGS, gke, kube)
+
+    outcome = provisioner.handle_pending_pod("team-a", pod["metadata"]["name"], now())
+
+    assert outcome.result == SKIPPED and f"adopted node pool {pool.name}" in outcome.why
+    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
+    assert gke.billing[pool.name] == labels.billing_labels("b")
+    [adopted] = events(kube, labels.REASON_ADOPTED, "b")
+    assert pool.name in adopted and "it is released when this JobSet ends" in adopted
+    # Idempotent: a duplicate delivery finds the pool B's and changes nothing.
+    relabels = gke.count("set_labels")
+    again = provisioner.handle_pending_pod("team-a", pod["metadata"]["name"], now())
+    assert "adopted" not in again.why and gke.count("set_labels") == relabels
+    # B's completion releases it at once.
+    finish(kube, "b")
+    assert release(gke, kube, b) == [pool.name]
+
+
+def test_provision_redelivers_when_gke_is_busy_with_the_pool(gke: FakeGke, kube: FakeKube) -> None:
+    # A concurrent adopter's relabel holds the pool's one operation slot: GKE says "incompatible".
+    _, pool, _ = offered(gke, kube)
+    pod = next(p for p in kube.pods.values() if p["metadata"]["labels"][labels.JOBSET_NAME] == "b")
+    gke.fail("set_labels", "incompatible")
+
+    with pytest.raises(TransientError, match="incompatible operation"):
+        Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pod["metadata"]["name"], now())
+    assert owner(gke, pool)[0] == "a"
+    assert events(kube, labels.REASON_ADOPTED, "b") == []
+
+
+def test_provision_reads_nothing_more_for_a_pod_on_its_own_pool(gke: FakeGke, kube: FakeKube) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    with_pools(gke, kube, a)
+    pod = next(iter(kube.pods.values()))
+    calls = list(gke.calls)
+
+    outcome = Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pod["metadata"]["name"], now())
+
+    assert outcome.result == SKIPPED and "adopted" not in outcome.why
+    assert gke.calls == calls  # no GKE read, no relabel
+
+
+def occ(name: str, uid: str, pods: int = 1) -> Occupant:
+    return Occupant("team-a", name, uid, "slice", "0", pods)
+
+
+POOL = NodePoolInfo(
+    name="tpu-a-0",
+    status="RUNNING",
+    labels={
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.OWNER_NAMESPACE: "team-a",
+        labels.OWNER_NAME: "a",
+        labels.OWNER_UID: "u-a",
+    },
+)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "found", "last", "expected"),
+    [
+        (
+            GONE,
+            [],
+            occ("b", "u-b", 4),
+            Decision(ADOPT, f"{GONE.why}; team-a/b ran 4 pod(s) on it last", occ("b", "u-b", 4)),
+        ),
+        (
+            GONE,
+            [occ("c", "u-c")],
+            occ("b", "u-b"),
+            Decision(ADOPT, f"{GONE.why}; team-a/c runs 1 pod(s) on it", occ("c", "u-c")),
+        ),
+        (
+            Verdict(False, "JobSet team-a/a is still running"),
+            [],
+            occ("b", "u-b"),
+            Decision(KEEP, "JobSet team-a/a is still running"),
+        ),
+        (GONE, [], occ("a", "u-a"), Decision(DELETE, GONE.why)),
+        (GONE, [], occ("b" * 64, "u-b"), Decision(DELETE, GONE.why)),
+        (GONE, [], None, Decision(DELETE, GONE.why)),
+    ],
+    ids=[
+        "last-user-adopts",
+        "live-occupant-first",
+        "owner-keeps",
+        "owner-itself",
+        "unlabelable-name",
+        "nobody",
+    ],
+)
+def test_decide_with_the_last_user(
+    verdict: Verdict, found: list[Occupant], last: Occupant | None, expected: Decision
+) -> None:
+    assert occupancy.decide(POOL, verdict, found, [], 0.0, SETTINGS, last) == expected
+
+
+def _pod(
+    name: str, uid: str, node: str, phase: str = "Succeeded", namespace: str = "team-a"
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"{name}-{node}",
+            "namespace": namespace,
+            "labels": {
+                labels.JOBSET_NAME: name,
+                labels.JOBSET_UID: uid,
+                labels.REPLICATED_JOB_NAME: "slice",
+                labels.JOB_INDEX: "1",
+            },
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def test_last_runs_groups_the_jobsets_pods_by_pool_of_any_phase() -> None:
+    nodes = [
+        {"metadata": {"name": n, "labels": {labels.NODEPOOL: p}}}
+        for n, p in (("n1", "p1"), ("n2", "p1"), ("n3", "p2"), ("n4", "p3"))
+    ]
+    pods = [
+        _pod("b", "u-b", "n1"),
+        _pod("b", "u-b", "n2", "Running"),
+        _pod("b", "u-old", "n3"),  # an older JobSet named b
+        _pod("b", "u-b", "n4", namespace="team-b"),  # another namespace's b
+        _pod("b", "u-b", "unmanaged-node"),
+    ]
+    assert occupancy.last_runs(nodes, pods, "team-a", "b", "u-b") == {
+        "p1": Occupant("team-a", "b", "u-b", "slice", "1", 2)
+    }
+    # Without the event's uid (a deletion) every pod of that name counts, its uid read off the pods.
+    assert set(occupancy.last_runs(nodes, pods, "team-a", "b", "")) == {"p1", "p2"}
+
+
+def test_billing_labels_are_the_ones_a_created_pool_gets() -> None:
+    jobset = tpu_jobset("train.v2", "team-a", replicas=1)
+    pod = submit_pods(FakeKube(), jobset)[0]
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    spec, _ = build_node_pool(SETTINGS, slice_request(pod))
+    assert (
+        dict(spec.resource_labels)
+        == labels.billing_labels("train.v2")
+        == {
+            labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+            labels.RESOURCE_LABEL_JOBSET: "train-v2",
+        }
+    )
