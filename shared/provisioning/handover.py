@@ -59,11 +59,10 @@ class Handover:
         node_labels = (found[0].get("metadata") or {}).get("labels") or {}
         if _owner_of(node_labels) == (namespace, name) and node_labels.get(labels.OWNER_UID, uid) == uid:
             return ""  # its own JobSet's pool, the usual case
-        try:
-            pool = self.gke.get_node_pool(self.settings.cluster_path, str(node_labels.get(labels.NODEPOOL)))
-        except NotFoundError:
-            return ""
-        if not is_managed(pool) or owned_by(pool, namespace, name, uid):
+        # The listing, not a get: the functions' roles already read pools that way (infra/roles.json).
+        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        pool = next((p for p in listing if p.name == node_labels.get(labels.NODEPOOL)), None)
+        if pool is None or not is_managed(pool) or owned_by(pool, namespace, name, uid):
             return ""  # adopted already (the Node's labels follow once GKE's update is done)
         jobsets: JobSets = {}
         owner_ns, owner_name = _owner_of(pool.labels)
@@ -76,7 +75,7 @@ class Handover:
         if not verdict.delete:
             return ""  # the owner still needs it (e.g. suspended within its grace): it stays the owner's
         trigger = f"pod {namespace}/{meta.get('name')} of JobSet {namespace}/{name} runs on it"
-        outcome = self.releaser.dispose([(pool, verdict)], trigger, jobsets, [pool], adopt_only=True)
+        outcome = self.releaser.dispose([(pool, verdict)], trigger, jobsets, listing, adopt_only=True)
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
         taken = [p.name for p, taker in outcome.adopted if (taker.namespace, taker.name) == (namespace, name)]
