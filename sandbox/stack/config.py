@@ -48,3 +48,6 @@ class StackConfig:
     sinks_dir: Path = DEFAULT_SINKS_DIR
     workdir: Path | None = None  # logs and kubeconfig; a fresh temporary directory when None
     startup_timeout: float = 90.0
+    # Each function calls the emulators with its own service account's token and gets exactly the
+    # permissions its role in infra/roles.json grants (GKE's 403 otherwise); False lets anyone in.
+    enforce_iam: bool = True

@@ -40,6 +40,7 @@ from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
 from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.eventarc import Delivery, EventarcRelay
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.emulators.logging.router import LogRouter
 from sandbox.emulators.pubsub import PubsubEmulator
@@ -56,6 +57,8 @@ __all__ = ["Stack", "StackConfig", "StackSummary"]
 
 # The Event the product records when it hands a pool over to another JobSet.
 ADOPTED_REASON = "TPUSliceAdopted"
+# The principal kubectl and tpuprov status act as in the sandbox.
+OPERATOR = "operator"
 
 T = TypeVar("T")
 
@@ -78,6 +81,11 @@ class Stack:
         if c.kueue:
             crds.append(c.manifests_dir / c.kueue_manifest)
         self.kube = KubeApiServer(crd_files=crds)
+        # Who may call what: each function's service account holds its infra/ role; the operator
+        # (kubectl, tpuprov status) holds everything, as a project owner would.
+        self.iam = Iam.for_functions(load_roles(REPO_ROOT), c.project)
+        self.iam.grant(self.iam.principal_of(OPERATOR), ("container.*", "compute.*"))
+        self.admin_token = self.iam.token_for(OPERATOR)
         self.pubsub = PubsubEmulator(c.project)
         self.relay = EventarcRelay(c.project)
         self.ctx = SimContext(self.kube, self.timeline)
@@ -145,11 +153,15 @@ class Stack:
         pubsub_thread = threading.Thread(target=start_pubsub, name="pubsub-start", daemon=True)
         self._pubsub_thread = pubsub_thread
         pubsub_thread.start()
+        if c.enforce_iam:
+            self.gke.set_iam(self.iam)
+            self.compute.iam = self.iam
+            self.kube.set_iam(self.iam)
         self.gke.start()
         self.compute.start()
         self.gke.set_policy_lookup(self.compute.exists)  # GKE refuses a pool naming a missing policy
         self.kube.start()
-        self.kube.write_kubeconfig(self.kubeconfig)
+        self.kube.write_kubeconfig(self.kubeconfig, token=self.admin_token)
         self.nodes.policy_topology = self.compute.topology_of
         self.nodes.attach(self.gke)
         self.lifecycle.attach(self.gke)
@@ -159,8 +171,9 @@ class Stack:
         self.relay.start()
         self.relay.listen(self._on_delivery)
         env = self._function_env()
+        identities = {f: {"EMULATOR_ACCESS_TOKEN": self.iam.token_for(f)} for f in c.functions}
         waiters = start_functions(
-            self.processes, c.functions, env, self.workdir, REPO_ROOT, self._on_function_line
+            self.processes, c.functions, env, self.workdir, REPO_ROOT, self._on_function_line, identities
         )
         pubsub_thread.join(timeout=c.startup_timeout)
         if emulator_error:
@@ -389,6 +402,7 @@ class Stack:
             "PUBSUB_PROJECT_ID": self.config.project,
             "KUBECONFIG": str(self.kubeconfig),
             **self._function_env(),
+            "EMULATOR_ACCESS_TOKEN": self.admin_token,
         }
 
     @property

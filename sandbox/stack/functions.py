@@ -50,11 +50,13 @@ def start_functions(
     workdir: Path,
     repo_root: Path,
     on_line: LineSink | None = None,
+    identities: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Waiter]:
     """Start every function at once; returns ``{function: wait_until_ready(timeout) -> url}``.
 
     The child environment is built from scratch (a few basics plus ``settings_env``) so that
     nothing from the caller's shell, such as cloud credentials, leaks into the functions.
+    ``identities`` adds each function's own variables (its service account's token).
     """
     base = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -67,7 +69,8 @@ def start_functions(
 
     def launch(function: str, port: int) -> ManagedProcess:
         argv = function_argv(function, repo_root / "functions" / function / "main.py", port)
-        return registry.start(function, argv, env, repo_root, workdir / f"{function}.log", on_line)
+        own = {**env, **(identities or {}).get(function, {})}
+        return registry.start(function, argv, own, repo_root, workdir / f"{function}.log", on_line)
 
     ports = free_ports(len(functions))
     started = {

@@ -18,8 +18,9 @@ from typing import Any
 import flask
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
+from shared.cloud.permissions import denied_permission
 from shared.core import logs
-from shared.core.errors import InvalidInputError, PermanentError, TransientError
+from shared.core.errors import InvalidInputError, PermanentError, PermissionDeniedError, TransientError
 from shared.core.settings import Settings
 from shared.tpu import capacity
 
@@ -58,7 +59,9 @@ class Runtime:
         def build() -> Any:
             from shared.cloud.gke import GkeNodePoolAPI
 
-            return GkeNodePoolAPI(endpoint=self.settings.gke_api_endpoint)
+            return GkeNodePoolAPI(
+                endpoint=self.settings.gke_api_endpoint, access_token=self.settings.emulator_access_token
+            )
 
         return self._cached("gke", build)
 
@@ -68,7 +71,9 @@ class Runtime:
         def build() -> Any:
             from shared.cloud.compute import ComputeWorkloadPolicyAPI
 
-            return ComputeWorkloadPolicyAPI(endpoint=self.settings.compute_api_endpoint)
+            return ComputeWorkloadPolicyAPI(
+                endpoint=self.settings.compute_api_endpoint, access_token=self.settings.emulator_access_token
+            )
 
         return self._cached("compute", build)
 
@@ -159,5 +164,23 @@ def handle(function: str, cloud_event: Any, action: Callable[[], Any]) -> None:
         except PermanentError as exc:
             logs.decision(log, "delivery.acked", f"acknowledged without effect: {exc.why}", logging.WARNING)
         except TransientError as exc:
-            logs.decision(log, "delivery.retry", f"will be redelivered: {exc.why}", logging.ERROR)
+            # Services gather the failures of several pools into one error; a 403 naming a
+            # permission among them is still a deployment error, whoever wrapped it.
+            permission = (
+                exc.permission if isinstance(exc, PermissionDeniedError) else denied_permission(exc.why)
+            )
+            if permission:
+                # Not weather: said once per delivery with the grant that fixes it; the message is
+                # still redelivered, so nothing is lost once the role holds the permission.
+                logs.decision(
+                    log,
+                    "permission.denied",
+                    f"will be redelivered: the {function} function's role lacks {permission}; add it to "
+                    f'"{function}" in infra/roles.json and apply. {exc.why}',
+                    logging.ERROR,
+                    permission=permission,
+                    role=function,
+                )
+            else:
+                logs.decision(log, "delivery.retry", f"will be redelivered: {exc.why}", logging.ERROR)
             raise Redeliver(description=exc.why) from None

@@ -35,8 +35,15 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from shared.cloud.gke import is_transport_failure
-from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError, TransientError
+from shared.cloud.gke import emulator_credentials, is_transport_failure
+from shared.cloud.permissions import denied_permission
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    PermissionDeniedError,
+    RejectedError,
+    TransientError,
+)
 from shared.tpu.nodepools import WorkloadPolicyInfo
 
 _log = logging.getLogger("tpuprov.compute")
@@ -70,6 +77,9 @@ def _raise_for_code(code: int, why: str, cause: Exception | None = None) -> NoRe
         raise AlreadyExistsError(why) from cause
     if code == 429 or code >= 500:
         raise TransientError(why) from cause
+    permission = denied_permission(why) if code == 403 else ""
+    if permission:  # fixed by granting it: redeliver, and say which one (see PermissionDeniedError)
+        raise PermissionDeniedError(why, permission) from cause
     raise RejectedError(why, code or 400) from cause
 
 
@@ -100,8 +110,10 @@ class ComputeWorkloadPolicyAPI:
         poll_interval: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        access_token: str = "",
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
+        self.access_token = access_token
         self.timeout = timeout
         self.wait_seconds = wait_seconds
         self.poll_interval = poll_interval
@@ -125,13 +137,11 @@ class ComputeWorkloadPolicyAPI:
             factory = compute_v1.RegionOperationsClient
         if not self.endpoint:
             return factory(transport="rest")
-        from google.auth.credentials import AnonymousCredentials
-
         # The REST transport keeps an explicit http:// scheme, which a plain-HTTP emulator needs.
         return factory(
             transport="rest",
             client_options={"api_endpoint": self.endpoint},
-            credentials=AnonymousCredentials(),
+            credentials=emulator_credentials(self.access_token),
         )
 
     def _call(self, what: str, kind: str, method: str, **request: Any) -> Any:

@@ -24,11 +24,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shared.cloud.endpoint import endpoints_of
+from shared.cloud.permissions import denied_permission
 from shared.core.errors import (
     AlreadyExistsError,
     InvalidInputError,
     NotFoundError,
     OperationLimitError,
+    PermissionDeniedError,
     RejectedError,
     TransientError,
 )
@@ -200,6 +202,9 @@ def _raise_translated(exc: Exception, what: str) -> NoReturn:
             raise TransientError(why) from exc
         if code == 409:
             raise AlreadyExistsError(why) from exc
+        permission = denied_permission(str(exc.message)) if code == 403 else ""
+        if permission:  # a 403 naming a permission; a 403 for quota is a capacity refusal below
+            raise PermissionDeniedError(why, permission) from exc
         if code == 429 and "too many operations" in str(exc.message).lower():
             raise OperationLimitError(why) from exc
         if code == 400 and _OPERATION_CONFLICT.search(str(exc.message)):
@@ -228,6 +233,18 @@ def _busy(message: str) -> bool:
     return "incompatible operation" in text or "please wait and try again" in text
 
 
+def emulator_credentials(access_token: str) -> Any:
+    """Credentials for a local emulator endpoint: the given bearer token (the sandbox's per-function
+    identity, which the emulators authorize as Google would a service account), else anonymous."""
+    if access_token:
+        from google.oauth2.credentials import Credentials
+
+        return Credentials(token=access_token)
+    from google.auth.credentials import AnonymousCredentials
+
+    return AnonymousCredentials()
+
+
 def is_transport_failure(exc: Exception) -> bool:
     """True for failures of the connection or the token refresh (retryable; nothing was refused)."""
     from google.auth import exceptions as auth_errors
@@ -247,9 +264,10 @@ def is_transport_failure(exc: Exception) -> bool:
 class GkeNodePoolAPI:
     """The production ``NodePoolAPI``: thin calls, error translation, nothing else."""
 
-    def __init__(self, endpoint: str = "", timeout: float = 8.0) -> None:
+    def __init__(self, endpoint: str = "", timeout: float = 8.0, access_token: str = "") -> None:
         self.endpoint = endpoint.rstrip("/")
         self.timeout = timeout
+        self.access_token = access_token
         self._client: ClusterManagerClient | None = None
         self._client_lock = threading.Lock()
 
@@ -266,14 +284,12 @@ class GkeNodePoolAPI:
 
         if not self.endpoint:
             return gke.ClusterManagerClient()
-        from google.auth.credentials import AnonymousCredentials
-
         # The REST transport keeps an explicit "http://" in api_endpoint (it only adds https:// when no
         # scheme is given), which is what a plain-HTTP local emulator needs.
         return gke.ClusterManagerClient(
             transport="rest",
             client_options={"api_endpoint": self.endpoint},
-            credentials=AnonymousCredentials(),
+            credentials=emulator_credentials(self.access_token),
         )
 
     def _call(self, what: str, method: str, **request: Any) -> Any:

@@ -12,18 +12,21 @@ import base64
 import datetime
 import hashlib
 import json
+import logging
 import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from shared.cloud.endpoint import choose_endpoint
+from shared.cloud.permissions import denied_permission
 from shared.core import labels, logs
 from shared.core.errors import (
     AlreadyExistsError,
     ConflictError,
     InvalidInputError,
     NotFoundError,
+    PermissionDeniedError,
     RejectedError,
     TransientError,
 )
@@ -217,6 +220,15 @@ class KubeClient:
                     content_type="application/merge-patch+json",
                     timeout=self.timeout,
                 )
+        except PermissionDeniedError as exc:
+            # The decision stands, but `kubectl describe` will never show it: say which grant is missing.
+            logs.decision(
+                log,
+                "permission.denied",
+                f"could not record {reason} Event: the function's role lacks {exc.permission}",
+                logging.ERROR,
+                permission=exc.permission,
+            )
         except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
             logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
 
@@ -284,6 +296,10 @@ def translate_status(status: int, detail: str, what: str) -> Exception:
         return TransientError(why)
     if status == 410:  # an expired list continue token: list again from the start
         return TransientError(why)
+    permission = denied_permission(detail) if status == 403 else ""
+    if permission:
+        # GKE's IAM authorizer names the permission it wanted: a role to fix, nothing to lose.
+        return PermissionDeniedError(why, permission)
     if status == 401 or status == 403:
         # Credentials or RBAC: a deployment problem, but one an operator fixes without losing events.
         return TransientError(why)
@@ -302,6 +318,9 @@ def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str
     cfg.retries = 1
     if settings.kube_api_endpoint:
         cfg.host = settings.kube_api_endpoint.rstrip("/")
+        if settings.emulator_access_token:  # the identity the sandbox's API server authorizes
+            cfg.api_key = {"authorization": settings.emulator_access_token}
+            cfg.api_key_prefix = {"authorization": "Bearer"}
         return k8s.ApiClient(cfg)
     if settings.kubeconfig:
         from kubernetes import config as k8s_config

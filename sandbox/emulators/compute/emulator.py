@@ -29,6 +29,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from sandbox.emulators.compute.state import ComputeError, ComputeState
+from sandbox.emulators.iam import UNAUTHENTICATED, Iam
 from sandbox.emulators.serving import BackgroundServer, request_body, request_path, route
 
 __all__ = ["KINDS", "ComputeEmulator", "main"]
@@ -41,6 +42,12 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("GET", re.compile(rf"{_REGION}/operations/([^/]+)$"), "get_operation"),
 ]
 KINDS = tuple(kind for _, _, kind in _ROUTES)
+# What Compute Engine checks per method (its IAM reference for resourcePolicies and regionOperations).
+PERMISSIONS = {
+    "insert": "compute.resourcePolicies.create",
+    "get": "compute.resourcePolicies.get",
+    "get_operation": "compute.regionOperations.get",
+}
 
 
 class _Server(ThreadingHTTPServer):
@@ -83,6 +90,7 @@ class ComputeEmulator:
         self._calls: Counter[str] = Counter()
         self._faults: dict[str, list[ComputeError]] = {}
         self._lock = threading.Lock()
+        self.iam: Iam | None = None  # None: every caller may do everything (emulator-only tests)
 
     @property
     def url(self) -> str:
@@ -169,12 +177,27 @@ class ComputeEmulator:
         try:
             if fault is not None:
                 raise fault
+            self._authorize(request, kind, args, path)
             request.send_json(200, self._dispatch(kind, args, body))
         except ComputeError as err:
             request.send_json(err.code, err.payload())
         except Exception as exc:  # an emulator bug reaches the client as a 500, not a dropped socket
             _log.exception("Compute emulator failed on %s %s", request.command, path)
             request.send_json(500, ComputeError(500, "backendError", f"emulator error: {exc!r}").payload())
+
+    def _authorize(self, request: _Handler, kind: str, args: tuple[str, ...], path: str) -> None:
+        iam = self.iam
+        if iam is None:
+            return
+        principal = iam.principal(request.headers.get("Authorization"))
+        if not principal:
+            raise ComputeError(401, "authError", UNAUTHENTICATED)
+        permission = PERMISSIONS[kind]
+        if iam.missing(principal, (permission,)):
+            resource = path.removeprefix("/compute/v1/")
+            if kind == "insert":
+                resource = f"projects/{args[0]}/regions/{args[1]}/resourcePolicies"
+            raise ComputeError(403, "forbidden", f"Required '{permission}' permission for '{resource}'")
 
     def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> dict[str, Any]:
         if kind == "get":

@@ -41,6 +41,7 @@ from sandbox.emulators.gke.rules import ApiError, invalid
 from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
 from sandbox.emulators.gke.wire import ROUTES, Call, Handler, Server, summarize
+from sandbox.emulators.iam import UNAUTHENTICATED, Iam, gke_denial
 from sandbox.emulators.serving import BackgroundServer, request_body, request_path
 from sandbox.emulators.serving import route as match_route
 
@@ -50,6 +51,18 @@ _log = logging.getLogger("sandbox.gke")
 _CreateRequestPb: Any = cs.CreateNodePoolRequest.pb()
 _UpdateRequestPb: Any = cs.UpdateNodePoolRequest.pb()
 _ListResponsePb: Any = cs.ListNodePoolsResponse.pb()
+# What GKE checks per method: its "API permissions" reference names container.clusters.update for
+# node-pool mutations and container.clusters.get for reads; its roles also carry the per-resource
+# container.nodePools.* permissions, and the emulator requires both.
+PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "get_cluster": ("container.clusters.get",),
+    "list": ("container.clusters.get", "container.nodePools.list"),
+    "get": ("container.clusters.get", "container.nodePools.get"),
+    "create": ("container.clusters.update", "container.nodePools.create"),
+    "delete": ("container.clusters.update", "container.nodePools.delete"),
+    "update": ("container.clusters.update", "container.nodePools.update"),
+    "get_operation": ("container.operations.get",),
+}
 
 
 class GkeEmulator:
@@ -75,6 +88,7 @@ class GkeEmulator:
         self._stopping = threading.Event()
         self._serving: BackgroundServer | None = None
         self._ticker: threading.Thread | None = None
+        self.iam: Iam | None = None  # None: every caller may do everything (emulator-only tests)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -122,6 +136,11 @@ class GkeEmulator:
             self.state.advance()
 
     # -- configuration, faults and hooks ----------------------------------------------------------
+
+    def set_iam(self, iam: Iam | None) -> None:
+        """Authorize every request against ``iam`` (401 without a known token, 403 naming the
+        missing permission); None switches authorization off."""
+        self.iam = iam
 
     def set_op_delay(self, seconds: float) -> None:
         """How long operations started from now on take to reach DONE (0: immediately)."""
@@ -293,6 +312,7 @@ class GkeEmulator:
             self._send_error(request, ApiError(fault.code, fault.status, fault.message))
             return
         try:
+            self._authorize(request, kind, args)
             message = self._dispatch(kind, args, body)
         except ApiError as err:
             self._send_error(request, err)
@@ -302,6 +322,19 @@ class GkeEmulator:
             self._send_error(request, ApiError(500, "INTERNAL", f"emulator error: {exc!r}"))
             return
         request.send_json(200, json_format.MessageToJson(message, use_integers_for_enums=int_enums))
+
+    def _authorize(self, request: Handler, kind: str, args: tuple[str, ...]) -> None:
+        if self.iam is None:
+            return
+        principal = self.iam.principal(request.headers.get("Authorization"))
+        if not principal:
+            raise ApiError(401, "UNAUTHENTICATED", UNAUTHENTICATED)
+        missing = self.iam.missing(principal, PERMISSIONS[kind])
+        if missing:
+            resource = args[0]
+            if kind == "get_operation":
+                resource = f"projects/{args[0]}/locations/{args[1]}/operations/{args[2]}"
+            raise ApiError(403, "PERMISSION_DENIED", gke_denial(missing, resource))
 
     def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> Any:
         if kind == "get_cluster":

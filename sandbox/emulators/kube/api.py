@@ -27,6 +27,7 @@ import aiohttp.web_server
 import kubernetes.client
 import yaml
 
+from sandbox.emulators.iam import Iam
 from sandbox.emulators.kube import patch as kube_patch
 from sandbox.emulators.kube.behaviours import Behaviours
 from sandbox.emulators.kube.errors import KubeApiError
@@ -210,13 +211,14 @@ class KubeApiServer:
         config.host = self.url
         return kubernetes.client.ApiClient(configuration=config)
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """Write a kubeconfig that points ``kubectl --kubeconfig`` at this server."""
+    def write_kubeconfig(self, path: Path, token: str = "") -> Path:
+        """Write a kubeconfig that points ``kubectl --kubeconfig`` at this server (as ``token``'s
+        principal when the server authorizes callers)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "sandbox", "cluster": {"server": self.url}}],
-            "users": [{"name": "sandbox", "user": {}}],
+            "users": [{"name": "sandbox", "user": {"token": token} if token else {}}],
             "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "sandbox"}}],
             "current-context": "sandbox",
             "preferences": {},
@@ -301,6 +303,12 @@ class KubeApiServer:
         return self._store.resource_version
 
     # -- fault injection and accounting --------------------------------------------------------
+
+    def set_iam(self, iam: Iam | None) -> None:
+        """Authorize HTTP requests as GKE's IAM authorizer would (401 without a known token, 403
+        naming the missing ``container.*`` permission); None switches it off. In-process callers
+        (the simulated cluster's controllers) act on the store and are not checked."""
+        self._handler.iam = iam
 
     def set_list_latency(self, seconds: float) -> None:
         """Delay every list response (each page of a paged list) by ``seconds`` (0: off)."""

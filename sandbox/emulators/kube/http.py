@@ -17,6 +17,7 @@ import attrs
 import kmock
 import yaml
 
+from sandbox.emulators.iam import Iam, k8s_permission, kube_denial
 from sandbox.emulators.kube import openapi as kube_openapi
 from sandbox.emulators.kube import patch as kube_patch
 from sandbox.emulators.kube.errors import KubeApiError, bad_request, method_not_allowed, resource_not_found
@@ -66,6 +67,7 @@ class KubeHandler(kmock.KubernetesScaffold):
     version_info: dict[str, str]
     address: str = ""
     list_latency: float = 0.0  # seconds added to every list response (one page of a paged list)
+    iam: Iam | None = None  # GKE's IAM authorizer; None lets every caller do everything
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """Serve one HTTP request (the aiohttp low-level handler entry point).
@@ -178,6 +180,7 @@ class KubeHandler(kmock.KubernetesScaffold):
             raise resource_not_found(path)
 
         verb = self._verb(method, name, watch)
+        self._authorize(request, verb, group, plural, name, namespace)
         allowed = ("get", "patch", "update") if subresource else rtype.verbs
         if verb not in allowed:
             raise method_not_allowed(verb, rtype.kind)
@@ -196,6 +199,25 @@ class KubeHandler(kmock.KubernetesScaffold):
                 else obj
             )
         return self._write(request, verb, rtype, namespace, name, subresource, params)
+
+    def _authorize(
+        self,
+        request: kmock.Request,
+        verb: str,
+        group: str,
+        plural: str,
+        name: str | None,
+        namespace: str | None,
+    ) -> None:
+        if self.iam is None:
+            return
+        principal = self.iam.principal(request.headers.get("Authorization"))
+        if not principal:
+            raise KubeApiError(401, "Unauthorized")
+        permission = k8s_permission(verb, group, plural)
+        if self.iam.missing(principal, (permission,)):
+            message = kube_denial(principal, verb, group, plural, name or "", namespace or "", permission)
+            raise KubeApiError(403, message, name=name, group=group or None, kind=plural)
 
     @staticmethod
     def _verb(method: str, name: str | None, watch: bool) -> str:

@@ -1,0 +1,171 @@
+"""Who may call the emulators: bearer tokens, the service accounts they stand for, and their roles.
+
+Google's front ends turn a request's OAuth token into a principal and check IAM before the API
+runs; the emulators do the same with this table. The grants are read from ``infra/`` (the roles
+Terraform gives each function) and never from the product's own declarations, so a call the
+product makes without its role holding the permission gets the real 403 here.
+
+The Kubernetes side follows GKE's IAM authorizer: a request is the permission
+``container.<resource>.<verb>`` (get/list for reads of one object/a collection, create for POST,
+update for PUT and PATCH, delete for DELETE; every custom resource is ``thirdPartyObjects``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+# infra/main.tf names each function's service account "<prefix>-<short>".
+SHORT_NAMES = {
+    "provision": "provision",
+    "release": "release",
+    "reconcile": "reconcile",
+    "setup_cluster": "setup",
+    "apply_kueue": "kueue",
+}
+# setup_cluster holds roles/container.admin (infra/iam.tf): every container.* permission.
+BROAD_ROLES = {"setup_cluster": ("container.*",)}
+
+# Kubernetes resources whose IAM name is not simply the plural (camelCase in IAM).
+_K8S_RESOURCE_NAMES = {"priorityclasses": "priorityClasses"}
+# API groups served by the API server itself; a resource of any other group is a custom resource.
+_BUILTIN_GROUPS = {
+    "",
+    "apps",
+    "batch",
+    "scheduling.k8s.io",
+    "rbac.authorization.k8s.io",
+    "apiextensions.k8s.io",
+    "admissionregistration.k8s.io",
+    "apiregistration.k8s.io",
+    "coordination.k8s.io",
+    "policy",
+    "events.k8s.io",
+}
+_K8S_VERBS = {
+    "get": "get",
+    "list": "list",
+    "watch": "list",
+    "create": "create",
+    "update": "update",
+    "patch": "update",
+    "delete": "delete",
+    "deletecollection": "delete",
+}
+
+
+def k8s_permission(verb: str, group: str, resource: str) -> str:
+    """The IAM permission GKE's authorizer checks for a Kubernetes request."""
+    if group not in _BUILTIN_GROUPS:
+        name = "thirdPartyObjects"
+    else:
+        name = _K8S_RESOURCE_NAMES.get(resource, resource)
+    return f"container.{name}.{_K8S_VERBS.get(verb, verb)}"
+
+
+def load_roles(repo_root: Path) -> dict[str, tuple[str, ...]]:
+    """Each function's granted permissions, as ``infra/`` deploys them."""
+    roles = json.loads((repo_root / "infra" / "roles.json").read_text())
+    granted = {function: tuple(permissions) for function, permissions in roles.items()}
+    granted.update(BROAD_ROLES)
+    return granted
+
+
+class Iam:
+    """Tokens -> principals -> granted permissions; thread-safe, changeable while serving."""
+
+    def __init__(self, project: str, prefix: str = "tpuprov") -> None:
+        self.project = project
+        self.prefix = prefix
+        self._grants: dict[str, set[str]] = {}
+        self._tokens: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_functions(cls, roles: Mapping[str, Iterable[str]], project: str, prefix: str = "tpuprov") -> Iam:
+        """An IAM with one service account and token per function, granted ``roles``."""
+        iam = cls(project, prefix)
+        for function, permissions in roles.items():
+            iam.grant(iam.principal_of(function), permissions)
+        return iam
+
+    def principal_of(self, function: str) -> str:
+        """The service account email infra/ creates for ``function``."""
+        return f"{self.prefix}-{SHORT_NAMES.get(function, function)}@{self.project}.iam.gserviceaccount.com"
+
+    def grant(self, principal: str, permissions: Iterable[str]) -> None:
+        """Add permissions to ``principal`` (creating it)."""
+        with self._lock:
+            self._grants.setdefault(principal, set()).update(permissions)
+
+    def revoke(self, function: str, permission: str) -> None:
+        """Take one permission away from ``function``'s service account (tests)."""
+        with self._lock:
+            self._grants.get(self.principal_of(function), set()).discard(permission)
+
+    def token_for(self, function: str) -> str:
+        """A bearer token that authenticates as ``function``'s service account."""
+        principal = self.principal_of(function)
+        with self._lock:
+            for token, owner in self._tokens.items():
+                if owner == principal:
+                    return token
+            token = f"ya29.sandbox-{secrets.token_urlsafe(16)}"
+            self._tokens[token] = principal
+            return token
+
+    def principal(self, authorization: str | None) -> str:
+        """The principal an ``Authorization`` header authenticates ("" when it authenticates none)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return ""
+        with self._lock:
+            return self._tokens.get(token.strip(), "")
+
+    def missing(self, principal: str, permissions: Iterable[str]) -> str:
+        """The first of ``permissions`` that ``principal`` lacks ("" when it holds them all)."""
+        with self._lock:
+            granted = self._grants.get(principal, set())
+            for permission in permissions:
+                service = permission.split(".", 1)[0]
+                if permission not in granted and f"{service}.*" not in granted:
+                    return permission
+            return ""
+
+
+UNAUTHENTICATED = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or "
+    "other valid authentication credential."
+)
+
+
+def gke_denial(permission: str, resource: str) -> str:
+    """GKE's text for a missing permission on ``resource`` (a cluster or operation path)."""
+    return f'Required "{permission}" permission(s) for "{resource}".'
+
+
+def kube_denial(
+    principal: str, verb: str, group: str, resource: str, name: str, namespace: str, permission: str
+) -> str:
+    """The Kubernetes Forbidden message as GKE's IAM authorizer completes it."""
+    subject = f'{resource} "{name}"' if name else resource
+    scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+    return (
+        f'{subject} is forbidden: User "{principal or "system:anonymous"}" cannot {verb} resource '
+        f'"{resource}" in API group "{group}" {scope}: requires one of ["{permission}"] permission(s).'
+    )
+
+
+__all__ = [
+    "BROAD_ROLES",
+    "SHORT_NAMES",
+    "UNAUTHENTICATED",
+    "Iam",
+    "gke_denial",
+    "k8s_permission",
+    "kube_denial",
+    "load_roles",
+]
