@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -194,6 +195,18 @@ def topic_path(project: str, topic_prefix: str, prepared: Prepared) -> str:
     if not names.is_rfc1035(topic_prefix, max_len=200):
         raise InvalidInputError(f"topic prefix {topic_prefix!r} is not a valid name prefix")
     return f"projects/{project}/topics/{topic_prefix}-{prepared.topic_suffix}"
+
+
+def gcloud_command(prepared: Prepared, topic_path: str) -> str:
+    """The same publish as a ``gcloud pubsub topics publish`` command line (for ``--dry-run``)."""
+    parts = ["gcloud", "pubsub", "topics", "publish", topic_path, f"--message={prepared.data.decode()}"]
+    if prepared.attributes:
+        pairs = [f"{k}={v}" for k, v in sorted(prepared.attributes.items())]
+        # gcloud splits a list flag at commas unless the value starts with ^<delimiter>^.
+        delimiter = next(d for d in (",", ";", "|", "#") if not any(d in pair for pair in pairs))
+        prefix = "" if delimiter == "," else f"^{delimiter}^"
+        parts.append(f"--attribute={prefix}{delimiter.join(pairs)}")
+    return " ".join(shlex.quote(part) for part in parts)
 
 
 def publish(prepared: Prepared, project: str, topic_prefix: str, publisher: Publisher) -> Published:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from shared.core.errors import PermanentError, TransientError
 from shared.events.envelope import (
@@ -248,7 +250,7 @@ def test_invalid_kueue_configuration_lists_the_problems(
 
 def test_dry_run_prints_the_message_and_publishes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     publisher = RecordingPublisher()
-    argv = ["jobset-finished", "--namespace", "ns", "--name", "js", "--dry-run", *DEPLOYMENT]
+    argv = ["jobset-finished", "--namespace", "ns", "--name", "js", "--dry-run", "-o", "json", *DEPLOYMENT]
     assert run(argv, publisher) == 0
     assert publisher.topics == {}
     shown = json.loads(capsys.readouterr().out)
@@ -271,8 +273,28 @@ def test_publish_failure_exits_1_with_the_reason(
 
 
 def test_the_tpuprov_command_has_publish(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["publish", "setup", "--dry-run", *DEPLOYMENT]) == 0
-    assert json.loads(capsys.readouterr().out)["data"] == {"cluster": CLUSTER_ID.path}
+    assert cli.main(["publish", "setup", "--dry-run", "-o", "yaml", *DEPLOYMENT]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["data"] == {"cluster": CLUSTER_ID.path}
+
+
+@pytest.mark.parametrize(("argv", "topic", "kind", "fields"), CASES[:1] + CASES[-1:], ids=["pod", "deleted"])
+def test_dry_run_table_is_the_gcloud_command_of_the_same_message(
+    argv: list[str], topic: str, kind: type, fields: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    publisher = RecordingPublisher()
+    assert run([*argv, *DEPLOYMENT], publisher) == 0
+    _, sent = publisher.only_message()
+    capsys.readouterr()
+    assert run([*argv, "--dry-run", *DEPLOYMENT], publisher) == 0
+    words = shlex.split(capsys.readouterr().out)
+    assert words[:5] == ["gcloud", "pubsub", "topics", "publish", f"projects/{PROJECT}/topics/{topic}"]
+    flags = dict(word.split("=", 1) for word in words[5:])
+    attributes = dict(pair.split("=", 1) for pair in flags["--attribute"].split(","))
+    message = {"data": base64.b64encode(flags["--message"].encode()).decode(), "attributes": attributes}
+    decoded = decode_pubsub_message(message)
+    assert isinstance(decoded.event, kind)
+    assert {k: getattr(decoded.event, k) for k in fields} == fields
+    assert set(attributes) == set(sent["attributes"])
 
 
 # --- against the real Pub/Sub emulator ---------------------------------------------------------

@@ -62,7 +62,18 @@ def rows_for(jobsets: list[dict[str, Any]], settings: Settings) -> list[dict[str
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows for people, one line per slice."""
-    header = "JOBSET SLICE POOL MACHINE-TYPE NODES TOPOLOGY CHIPS PLACEMENT CAPACITY NOTE".split()
+    header = [
+        "JOBSET",
+        "SLICE",
+        "POOL",
+        "MACHINE-TYPE",
+        "NODES",
+        "TOPOLOGY",
+        "CHIPS",
+        "PLACEMENT",
+        "CAPACITY",
+        "NOTE",
+    ]
     return output.table(
         header,
         (

@@ -17,7 +17,8 @@ from typing import Any
 
 from shared.core.errors import InvalidInputError, PermanentError, TransientError
 from shared.core.settings import Settings
-from tpuprov import publish
+from tpuprov import output, publish
+from tpuprov.waits import wait_for_kueue, wait_for_setup
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -36,7 +37,12 @@ def _common(parser: argparse.ArgumentParser, defaults: dict[str, str]) -> None:
         help="cluster name, or its full path projects/P/locations/L/clusters/C",
     )
     group.add_argument("--topic-prefix", default=defaults["topic_prefix"], help="topic name prefix")
-    parser.add_argument("--dry-run", action="store_true", help="print the message instead of publishing it")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the message instead of publishing it (as a gcloud command with -o table)",
+    )
+    output.add_output_argument(parser)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -86,6 +92,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     kueue = kinds.add_parser("kueue", help="a Kueue queue configuration (apply_kueue)")
     kueue.add_argument("-f", "--file", required=True, help="YAML or JSON configuration, - for stdin")
+    kueue.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="then follow the apply on the cluster (needs --location and --cluster) until its Kueue "
+        "objects are exactly the configuration's (0: do not wait)",
+    )
 
     for sub in (pod, finished, deleted, setup, kueue):
         _common(sub, defaults)
@@ -120,20 +134,37 @@ def _read(name: str) -> str:
         raise InvalidInputError(f"cannot read {name}: {exc}") from None
 
 
+def _wait_settings(args: argparse.Namespace) -> Settings | None:
+    """The cluster ``--wait`` follows (checked before anything is published), or None without a wait."""
+    if getattr(args, "wait", 0) <= 0:
+        return None
+    cluster = publish.cluster_id(args.cluster or "", args.project, args.location)
+    return Settings.from_env().with_overrides(
+        project_id=cluster.project, location=cluster.location, cluster_name=cluster.name
+    )
+
+
+def _message_doc(path: str, prepared: publish.Prepared) -> dict[str, Any]:
+    try:
+        body: Any = json.loads(prepared.data)
+    except ValueError:
+        body = prepared.data.decode("utf-8", errors="replace")
+    return {"topic": path, "attributes": dict(prepared.attributes), "data": body}
+
+
 def run(args: argparse.Namespace, publisher: publish.Publisher | None = None) -> int:
     """Validate, build and publish one message; 0 on success, 2 for bad input, 1 if publishing failed."""
     try:
         prepared, project = _prepare(args)
         path = publish.topic_path(project, args.topic_prefix, prepared)
+        wait_settings = _wait_settings(args)
     except InvalidInputError as exc:
         print(f"tpuprov publish: {exc.why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.dry_run:
-        try:
-            body: Any = json.loads(prepared.data)
-        except ValueError:
-            body = prepared.data.decode("utf-8", errors="replace")
-        print(json.dumps({"topic": path, "attributes": dict(prepared.attributes), "data": body}, indent=2))
+        output.emit(
+            args.output, _message_doc(path, prepared), lambda: publish.gcloud_command(prepared, path) + "\n"
+        )
         return EXIT_OK
     owned = publisher is None
     client: publish.Publisher = publish.PubsubPublisher() if publisher is None else publisher
@@ -145,59 +176,20 @@ def run(args: argparse.Namespace, publisher: publish.Publisher | None = None) ->
     finally:
         if owned and isinstance(client, publish.PubsubPublisher):
             client.close()
-    print(f"published {result.kind} to {result.topic_path}: message id {result.message_id}")
-    if args.kind == "setup" and getattr(args, "wait", 0) > 0:
-        cluster = publish.cluster_id(args.cluster or "", args.project, args.location)
-        settings = Settings.from_env().with_overrides(
-            project_id=cluster.project, location=cluster.location, cluster_name=cluster.name
-        )
-        try:
-            return EXIT_OK if wait_for_setup(settings, args.wait) else EXIT_FAILED
-        except (PermanentError, TransientError) as exc:
-            print(f"tpuprov publish: cannot follow the install: {exc.why}", file=sys.stderr)
-            return EXIT_FAILED
-    return EXIT_OK
-
-
-def _deployment_state(objects: Any, namespace: str, name: str, version: str) -> tuple[bool, str]:
-    """(installed at ``version`` and Available, what it looks like now) for one add-on controller."""
-    from shared.core.errors import NotFoundError
-    from shared.setup.manifests import VERSION_ANNOTATION
-
+    output.emit(
+        args.output,
+        {"kind": result.kind, "topic": result.topic_path, "message_id": result.message_id},
+        lambda: f"published {result.kind} to {result.topic_path}: message id {result.message_id}\n",
+    )
+    if wait_settings is None:
+        return EXIT_OK
+    sys.stdout.flush()  # the message id before the progress lines
     try:
-        deployment = objects.get("apps/v1", "Deployment", name, namespace)
-    except NotFoundError:
-        return False, "not installed yet"
-    installed = ((deployment.get("metadata") or {}).get("annotations") or {}).get(VERSION_ANNOTATION, "")
-    status = deployment.get("status") or {}
-    available = any(
-        c.get("type") == "Available" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
-    replicas = (
-        f"{status.get('availableReplicas', 0)}/{(deployment.get('spec') or {}).get('replicas', 1)} available"
-    )
-    if installed != version:
-        return False, f"{installed or 'unknown version'} installed, waiting for {version}"
-    return available, replicas
-
-
-def wait_for_setup(settings: Settings, timeout: float, progress: Any = None, poll: float = 2.0) -> bool:
-    """After a setup message: follow the install on the cluster until both controllers are Available."""
-    from shared.setup.manifests import JOBSET, KUEUE
-    from tpuprov.cluster import ClusterView
-    from tpuprov.progress import Progress
-
-    progress = progress or Progress()
-    objects = ClusterView(settings).objects
-    ok = True
-    for component, version in ((JOBSET, settings.jobset_version), (KUEUE, settings.kueue_version)):
-        ok = (
-            progress.wait_until(
-                f"Waiting for {component.name} {version} ({component.namespace}/{component.deployment})",
-                lambda c=component, v=version: _deployment_state(objects, c.namespace, c.deployment, v),
-                timeout,
-                poll,
-            )
-            and ok
-        )
-    return ok
+        if args.kind == "kueue":
+            done = wait_for_kueue(wait_settings, prepared.data.decode("utf-8"), args.wait)
+        else:
+            done = wait_for_setup(wait_settings, args.wait)
+    except (PermanentError, TransientError) as exc:
+        print(f"tpuprov publish: cannot follow the outcome: {exc.why}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK if done else EXIT_FAILED
