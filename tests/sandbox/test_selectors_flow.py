@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.cluster.common import RUN_SECONDS_ANNOTATION
 from sandbox.stack.core import Stack
 from sandbox.testing.stack import (
     assert_clean_run,
@@ -20,6 +21,7 @@ from sandbox.testing.stack import (
     exclusive_tpu_jobset,
     owned_pools,
     submit,
+    successful_creates,
     wait_finished,
     wait_released,
 )
@@ -92,3 +94,50 @@ def test_pod_selecting_a_label_no_pool_can_carry_is_refused_without_a_pool(
     stack.delete_jobset("default", name)
     assert stack.gke.count("create") == creates and create_requests(stack, name) == {}
     assert owned_pools(stack, name) == []
+
+
+def test_readmission_under_spot_replaces_the_idle_on_demand_pool(stack: Stack) -> None:
+    # What Kueue does to a JobSet it evicts and admits again under another flavor, done by hand:
+    # suspend it (its pods go, its pool stays through SUSPEND_GRACE_SECONDS), write the new
+    # flavor's node labels into the pod template, unsuspend it.
+    name = "flavored"
+    submit(stack, exclusive_tpu_jobset(name, replicas=1, topology="2x4", run_seconds=60))
+
+    def running() -> bool:
+        pods = _pods(stack, name)
+        return bool(pods) and {p["status"].get("phase") for p in pods} == {"Running"}
+
+    stack.wait_for(running, 30, f"the pods of {name} running")
+    (before,) = owned_pools(stack, name)
+    assert not (before.get("config") or {}).get("spot")
+
+    jobset = stack.jobset("default", name)
+    assert jobset is not None
+    jobset["spec"]["suspend"] = True
+    stack.kube.put(jobset)
+    stack.wait_for(lambda: not _pods(stack, name), 20, f"the pods of suspended {name} deleted")
+
+    jobset = stack.jobset("default", name)
+    assert jobset is not None
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["spec"]["nodeSelector"][labels.SPOT] = "true"
+    template["metadata"]["annotations"][RUN_SECONDS_ANNOTATION] = "1"
+    jobset["spec"]["suspend"] = False
+    stack.kube.put(jobset)
+
+    assert wait_finished(stack, name, timeout=60) == "Completed"
+    replaced = [d for d in stack.decisions("provision.replaced") if d.get("pool") == before["name"]]
+    assert replaced and "cloud.google.com/gke-spot=true" in str(replaced[0].get("message", "")), replaced
+    # The pods select gke-spot=true: they could only have run on the rebuilt pool's Spot nodes.
+    pods = _pods(stack, name)
+    assert pods and {p["status"]["phase"] for p in pods} == {"Succeeded"}
+    wait_released(stack, name)
+    # The same pool name, created twice: on-demand first, then as the re-admitted pods asked.
+    assert successful_creates(stack, name) == {before["name"]: 2}
+    assert stack.jobsets.errors == [] and stack.scheduler.errors == []
+    rebuilt = [
+        e["message"]
+        for e in events_about(stack, labels.REASON_RELEASED, name)
+        if "to build it again" in e["message"]
+    ]
+    assert rebuilt, "no Event tells why the pool was deleted"
