@@ -28,6 +28,23 @@ locals {
   # description and extractor; DISTRIBUTION metrics also have a value_extractor.
   # Metric type: logging.googleapis.com/user/<topic_prefix>/<key>.
   log_metrics = {
+    # A function's role lacks a permission its code calls: a deployment error, alerted at once.
+    permission_denials = {
+      description     = "Deliveries refused by IAM (permission.denied), by function role and missing permission."
+      filter          = "jsonPayload.event=\"permission.denied\""
+      value_type      = "INT64"
+      value_extractor = ""
+      labels = {
+        role = {
+          description = "The function whose role lacks the permission (its entry in infra/roles.json)."
+          extractor   = "EXTRACT(jsonPayload.role)"
+        }
+        permission = {
+          description = "The IAM permission GKE or Compute Engine asked for, e.g. container.nodes.update."
+          extractor   = "EXTRACT(jsonPayload.permission)"
+        }
+      }
+    }
     pools_requested = {
       description     = "Node-pool create requests sent to GKE (provision and reconcile), by shape."
       filter          = "jsonPayload.event=\"gke.create_node_pool\""
@@ -353,6 +370,47 @@ resource "google_monitoring_alert_policy" "orphaned_pools" {
       in Cloud Logging; `jsonPayload.jobset` names the owner). Check that the release function got the
       JobSet's event: the `jobset-lifecycle` sink and topic, the release dead-letter subscription, and
       `release.*` lines for that JobSet. Repeated leaks mean the sink misses an event kind.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "permission_denials" {
+  project               = var.project_id
+  display_name          = "tpu-provisioner (${var.topic_prefix}): a function's role lacks a permission"
+  combiner              = "OR"
+  notification_channels = var.alert_notification_channels
+  user_labels           = local.labels
+
+  conditions {
+    display_name = "Any permission.denied line"
+    condition_threshold {
+      filter          = "metric.type=\"logging.googleapis.com/user/${google_logging_metric.this["permission_denials"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 0
+      duration        = "0s"
+      aggregations {
+        alignment_period     = "60s"
+        per_series_aligner   = "ALIGN_DELTA"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.role", "metric.label.permission"]
+      }
+    }
+  }
+
+  alert_strategy {
+    auto_close = "3600s"
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    content   = <<-EOT
+      A function was refused by IAM: its role lacks a permission its code calls, so the delivery is
+      redelivered (nothing is lost) but nothing it was asked to do happens, and pools may be billing.
+      This does not clear by itself and is alerted on the first refusal, not after the retries reach
+      the dead-letter topic.
+
+      What to do: add the permission named in the alert's labels to that function's list in
+      `infra/roles.json` and apply Terraform (or run `tpuprov why` on the JobSet to see the line).
     EOT
   }
 }

@@ -604,6 +604,18 @@ FAILED_ATTEMPT = (
 )
 MATCHES: list[tuple[str, Line, dict[str, str]]] = [
     (
+        "permission_denials",
+        Line(
+            "release",
+            "permission.denied",
+            "will be redelivered: the release function's role lacks container.nodes.update; add it to "
+            '"release" in infra/roles.json and apply. x: PATCH /api/v1/nodes/n: HTTP 403 ...',
+            {"permission": "container.nodes.update", "role": "release"},
+            logging.ERROR,
+        ),
+        {"role": "release", "permission": "container.nodes.update"},
+    ),
+    (
         "pools_requested",
         Line(
             "provision",
@@ -931,7 +943,7 @@ def test_dashboard_charts_defined_metrics_next_to_cloud_run_and_dead_letters() -
 
 # --- alert policies ----------------------------------------------------------------------------
 
-ALERTS = {"dead_letters", "orphaned_pools", "stockouts", "errors", "reconcile_missing"}
+ALERTS = {"dead_letters", "orphaned_pools", "stockouts", "errors", "reconcile_missing", "permission_denials"}
 
 
 def _conditions(policy: dict[str, Any]) -> Iterator[dict[str, Any]]:
