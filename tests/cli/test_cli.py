@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.paths import REPO
-from tpuprov.main import main
+from tpuprov.main import build_parser, main
 
 
 def test_plan_multislice_example_json(capsys):
@@ -185,3 +187,30 @@ def test_console_script_help_lists_subcommands():
     )
     for command in ("plan", "catalog", "decode"):
         assert command in out.stdout
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every leaf command of the CLI by its words, e.g. ("publish", "setup")."""
+    found: dict[tuple[str, ...], Any] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                found.update(_commands(sub, (*path, word)))
+    return found or {path: parser}
+
+
+# Commands that print a run's timeline or a benchmark report, not a result to parse.
+NO_RESULT = {("demo",), ("sandbox", "up"), ("sandbox", "demo"), ("bench",)}
+
+
+def test_every_command_that_prints_a_result_takes_o_table_json_yaml():
+    commands = _commands(build_parser())
+    assert set(commands) > NO_RESULT
+    for words, parser in commands.items():
+        output = [a for a in parser._actions if a.dest == "output"]
+        if words in NO_RESULT:
+            assert not output, words
+            continue
+        [action] = output
+        spelled = (action.option_strings, action.choices)
+        assert spelled == (["-o", "--output"], ("table", "json", "yaml")), words

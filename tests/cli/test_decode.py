@@ -56,7 +56,7 @@ def test_cli_text_output_from_stdin(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO((EXAMPLES / "push-body-jobset-finished.json").read_text()))
-    assert run_cli(["decode", "-", "--output", "text"]) == 0
+    assert run_cli(["decode", "-", "-o", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "kind: jobset-finished" in lines
     assert "outcome: Completed" in lines

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sandbox.testing.builders import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
@@ -187,6 +188,13 @@ def test_status_command_json_and_leaks(
     assert main(["status", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["totals"]["pools"] == 4 and doc["totals"]["leaks"] == 1
+    assert main(["status", "-o", "yaml"]) == 0
+    as_yaml = yaml.safe_load(capsys.readouterr().out)
+    # Ages and costs so far follow the wall clock between the two calls; everything else is the same.
+    volatile = ("age_seconds", "cost_so_far")
+    assert [{k: v for k, v in p.items() if k not in volatile} for p in as_yaml["pools"]] == [
+        {k: v for k, v in p.items() if k not in volatile} for p in doc["pools"]
+    ]
     assert main(["status", "--leaks"]) == 1, "--leaks exits 1 when it finds one (for scripts and alerts)"
     out = capsys.readouterr().out
     assert cluster["pools"]["done"] in out and cluster["pools"]["train"] not in out
@@ -225,7 +233,12 @@ def test_why_command_for_a_jobset_and_a_missing_pod(
     monkeypatch.setenv("GKE_API_ENDPOINT", world.gke.url)
     monkeypatch.setenv("KUBE_API_ENDPOINT", world.kube.url)
     assert main(["why", "--jobset", "team-b/starved"]) == 0
-    assert "GCE_STOCKOUT" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "GCE_STOCKOUT" in text
+    assert main(["why", "--jobset", "team-b/starved", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"pod": "team-b/starved-slice-0-0-r0", "explanation": text.rstrip("\n")}
+    ]
     assert main(["why", "team-b/nope"]) == 2
     assert "not found" in capsys.readouterr().err
 

@@ -1,21 +1,19 @@
 """``tpuprov catalog``: print the TPU slices the provisioner knows how to create.
 
 Operators use it to check which ``gke-tpu-accelerator`` / ``gke-tpu-topology`` values and
-``google.com/tpu`` requests a workload may use before submitting it. ``--output json`` prints
-every topology one by one for scripts. The table lists small shapes by name and gives the rule
+``google.com/tpu`` requests a workload may use before submitting it. ``-o json`` (or ``yaml``)
+prints every topology one by one for scripts. The table lists small shapes by name and gives the rule
 for the large 3D ones, which would otherwise run to hundreds of lines.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+import io
 from typing import Any, TextIO
 
 from shared.tpu.catalog import AcceleratorInfo, MachineTypeInfo, accelerators
-
-OUTPUT_FORMATS = ("table", "json")
+from tpuprov import output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,12 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list TPU accelerators, machine types and topologies the provisioner supports",
         description=__doc__,
     )
-    parser.add_argument(
-        "--output",
-        choices=OUTPUT_FORMATS,
-        default="table",
-        help="table for people (default), json for scripts",
-    )
+    output.add_output_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -74,9 +67,11 @@ def _write_table(infos: list[AcceleratorInfo], out: TextIO) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the catalog in the format ``args.output`` names; returns the process exit code."""
     infos = accelerators()
-    if getattr(args, "output", "table") == "json":
-        json.dump([_to_json(info) for info in infos], sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _write_table(infos, sys.stdout)
+
+    def table() -> str:
+        text = io.StringIO()
+        _write_table(infos, text)
+        return text.getvalue()
+
+    output.emit(args.output, [_to_json(info) for info in infos], table)
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.events.envelope import decode_any, to_dict
+from tpuprov import output
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -28,7 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     parser.add_argument("file", metavar="FILE", help="JSON file to decode, or - for stdin")
-    parser.add_argument("--output", choices=("json", "text"), default="json", help="output format")
+    output.add_output_argument(parser, default="json")
     parser.set_defaults(func=run)
     return parser
 
@@ -67,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     items = doc if isinstance(doc, list) else [doc]
     summaries = [to_dict(decode_any(item)) for item in items]
-    if args.output == "text":
-        blocks = ["\n".join(_text_lines(summary)) for summary in summaries]
-        print("\n\n".join(blocks))
-    else:
-        print(json.dumps(summaries if isinstance(doc, list) else summaries[0], indent=2))
+    output.emit(
+        args.output,
+        summaries if isinstance(doc, list) else summaries[0],
+        lambda: "\n\n".join("\n".join(_text_lines(summary)) for summary in summaries) + "\n",
+    )
     return EXIT_OK
 
 

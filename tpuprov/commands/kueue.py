@@ -2,7 +2,8 @@
 
 No cluster is needed: the configuration is validated exactly as the ``apply_kueue`` function
 validates it (every problem listed) and the objects are printed as multi-document YAML, ready
-for review or for ``kubectl apply --server-side -f -``.
+for review or for ``kubectl apply --server-side -f -``; ``-o json`` prints them as one JSON list and
+``-o table`` one line per object.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import argparse
 import sys
 from typing import TextIO
 
+from shared.cloud.objects import object_key
 from shared.core.errors import InvalidInputError
 from shared.kueue.config import DEFAULT_CONFIG, load_config, parse_config
 from shared.kueue.render import render, to_yaml
+from tpuprov import output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="",
         help=f"configuration file (YAML or JSON; '-' for stdin); default: {DEFAULT_CONFIG.name}",
     )
+    output.add_output_argument(render_parser, default="yaml")
     parser.set_defaults(func=run)
 
 
@@ -41,5 +45,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except InvalidInputError as exc:
         err.write(f"tpuprov kueue render: {exc.why}\n")
         return 2
-    out.write(to_yaml(render(config)))
+    objects = render(config)
+    if args.output == "yaml":
+        out.write(to_yaml(objects))  # one document per object, as kubectl apply -f reads them
+        return 0
+    rows = [(kind, namespace or "-", name) for _, kind, namespace, name in map(object_key, objects)]
+    output.emit(args.output, objects, lambda: output.table(("KIND", "NAMESPACE", "NAME"), rows), out)
     return 0

@@ -10,6 +10,7 @@ import argparse
 import json
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -401,8 +402,16 @@ def test_cli_table_is_the_default_and_names_everything(capsys: pytest.CaptureFix
     assert "boot disks:    hyperdisk-balanced (the first is the default)" in out
 
 
+def test_cli_yaml_is_the_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt in ("json", "yaml"):
+        args = _parse(["catalog", "-o", fmt])
+        assert args.func(args) == 0
+    as_json, as_yaml = capsys.readouterr().out.split("\n]\n", 1)
+    assert yaml.safe_load(as_yaml) == json.loads(as_json + "\n]")
+
+
 def test_cli_rejects_an_unknown_output_format(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        _parse(["catalog", "--output", "yaml"])
+        _parse(["catalog", "--output", "xml"])
     assert info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
