@@ -53,6 +53,11 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     "KubeAPI.record_event": ("container.events.create", "container.events.get", "container.events.update"),
 }
 
+# Any call to the cluster's Kubernetes API: through GKE's DNS-based control-plane endpoint (the
+# first choice of shared.cloud.endpoint), Google's front end checks this before the API server sees
+# the request; the IP endpoints do not need it, but a role must work on whichever one is picked.
+CONNECT: tuple[str, ...] = ("container.clusters.connect",)
+
 # ObjectAPI methods are generic: the permission depends on the kind (see ``object_permissions``).
 OBJECT_VERBS: Mapping[str, tuple[str, ...]] = {
     "ObjectAPI.apply": ("create", "update"),  # server-side apply: PATCH, and create when missing
@@ -98,4 +103,4 @@ def denied_permission(message: str) -> str:
     return ""
 
 
-__all__ = ["BUILTIN_RESOURCES", "CALLS", "OBJECT_VERBS", "denied_permission", "object_permissions"]
+__all__ = ["BUILTIN_RESOURCES", "CALLS", "CONNECT", "OBJECT_VERBS", "denied_permission", "object_permissions"]

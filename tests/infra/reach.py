@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from shared.cloud import ports
-from shared.cloud.permissions import CALLS, OBJECT_VERBS, object_permissions
+from shared.cloud.permissions import CALLS, CONNECT, OBJECT_VERBS, object_permissions
 from shared.kueue.render import MANAGED_KINDS
 from tests.paths import REPO
 
@@ -177,6 +177,8 @@ def reached_permissions(entrypoint: Path) -> dict[str, set[str]]:
             # A kind not written at the call is one of the Kueue kinds the applier manages.
             named = {kind for kind in kinds if kind is not None}
             permissions = object_permissions(call, named | (set(MANAGED_KINDS) if None in kinds else set()))
+        if call.startswith(("KubeAPI.", "ObjectAPI.")):
+            permissions |= set(CONNECT)
         for permission in permissions:
             needed.setdefault(permission, set()).add(call)
     return needed
