@@ -75,26 +75,28 @@ locals {
     cluster_name = var.cluster_name
   }
 
-  # The environment every service reads through shared.core.settings.Settings.from_env.
+  # The environment every service reads through shared.core.settings.Settings.from_env: the settings
+  # with a variable of their own; var.extra_env adds any other (tests/infra/test_settings_env.py).
   function_env = {
-    PROJECT_ID            = var.project_id
-    LOCATION              = var.cluster_location
-    CLUSTER_NAME          = var.cluster_name
-    NODE_LOCATIONS        = join(",", var.node_locations)
-    NODE_SERVICE_ACCOUNT  = var.node_service_account
-    NAMESPACE_ALLOWLIST   = join(",", var.namespace_allowlist)
-    ALLOWED_ACCELERATORS  = join(",", var.allowed_accelerators)
-    MAX_CHIPS_PER_SLICE   = tostring(var.max_chips_per_slice)
-    CHIP_BUDGET           = tostring(var.chip_budget)
-    DRAIN                 = tostring(var.drain)
-    MAX_EVENT_AGE_SECONDS = tostring(var.max_event_age_seconds)
-    RELEASE_GRACE_SECONDS = tostring(var.release_grace_seconds)
-    SUSPEND_GRACE_SECONDS = tostring(var.suspend_grace_seconds)
-    TPU7X_WORKLOAD_POLICY = var.tpu7x_workload_policy
-    CAPACITY_POLICY       = var.capacity_policy
-    MANIFESTS_DIR         = var.manifests_dir
-    JOBSET_VERSION        = var.jobset_version
-    KUEUE_VERSION         = var.kueue_version
+    PROJECT_ID             = var.project_id
+    LOCATION               = var.cluster_location
+    CLUSTER_NAME           = var.cluster_name
+    NODE_LOCATIONS         = join(",", var.node_locations)
+    NODE_SERVICE_ACCOUNT   = var.node_service_account
+    NAMESPACE_ALLOWLIST    = join(",", var.namespace_allowlist)
+    ALLOWED_ACCELERATORS   = join(",", var.allowed_accelerators)
+    MAX_CHIPS_PER_SLICE    = tostring(var.max_chips_per_slice)
+    CHIP_BUDGET            = tostring(var.chip_budget)
+    DRAIN                  = tostring(var.drain)
+    MAX_EVENT_AGE_SECONDS  = tostring(var.max_event_age_seconds)
+    RELEASE_GRACE_SECONDS  = tostring(var.release_grace_seconds)
+    SUSPEND_GRACE_SECONDS  = tostring(var.suspend_grace_seconds)
+    TPU7X_WORKLOAD_POLICY  = var.tpu7x_workload_policy
+    CAPACITY_POLICY        = var.capacity_policy
+    MANIFESTS_DIR          = var.manifests_dir
+    JOBSET_VERSION         = var.jobset_version
+    KUEUE_VERSION          = var.kueue_version
+    CONTROL_PLANE_ENDPOINT = var.control_plane_endpoint
   }
 
   labels = merge(var.labels, { "app" = "tpu-provisioner" })
@@ -163,6 +165,8 @@ module "function" {
   function_source       = each.value.source
   function_target       = each.value.target
   env                   = local.function_env
+  extra_env             = var.extra_env
+  vpc_egress            = var.vpc_egress
   service_account_email = google_service_account.runtime[each.key].email
   concurrency           = each.value.concurrency
   max_instances         = each.value.max_instances

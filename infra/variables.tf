@@ -151,6 +151,45 @@ variable "manifests_dir" {
   default     = "/app/manifests"
 }
 
+variable "extra_env" {
+  type        = map(string)
+  description = "Any other setting of the README's \"Settings\" table by its env name, e.g. { CREATE_CONCURRENCY = \"4\", IDLE_POOL_SECONDS = \"300\" }; every service gets it. A name a dedicated variable above sets is refused at plan time."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for name in keys(var.extra_env) : can(regex("^[A-Z][A-Z0-9_]*$", name))])
+    error_message = "extra_env keys are settings' env names: upper-case letters, digits and underscores (see the README's Settings table)."
+  }
+
+  # Cloud Run's container contract reserves PORT and the K_* names; the module sets the FUNCTION_* ones.
+  validation {
+    condition     = length(setintersection(keys(var.extra_env), ["PORT", "K_SERVICE", "K_REVISION", "K_CONFIGURATION", "FUNCTION_TARGET", "FUNCTION_SOURCE"])) == 0
+    error_message = "extra_env must not set PORT, K_SERVICE, K_REVISION, K_CONFIGURATION (Cloud Run's) or FUNCTION_TARGET, FUNCTION_SOURCE (the module's)."
+  }
+}
+
+# --- Reaching the cluster (README "Reaching the cluster") ---------------------------------------
+
+variable "control_plane_endpoint" {
+  type        = string
+  description = "Which control-plane endpoint the functions use (CONTROL_PLANE_ENDPOINT): \"auto\" picks from the cluster's controlPlaneEndpointsConfig (DNS, then public IP, then private IP); \"dns\", \"public-ip\" or \"private-ip\" force one. \"private-ip\" needs vpc_egress."
+  default     = "auto"
+
+  validation {
+    condition     = contains(["auto", "dns", "private-ip", "public-ip"], var.control_plane_endpoint)
+    error_message = "control_plane_endpoint is one of auto, dns, private-ip, public-ip."
+  }
+}
+
+variable "vpc_egress" {
+  type = object({
+    network    = string
+    subnetwork = string
+  })
+  description = "Cloud Run Direct VPC egress into the cluster's VPC (network and subnetwork names or self links), so the functions reach its private IP endpoint; only private ranges go through it (PRIVATE_RANGES_ONLY). null: no VPC path (enough for the DNS endpoint)."
+  default     = null
+}
+
 # --- Delivery ----------------------------------------------------------------------------------
 
 variable "delivery" {

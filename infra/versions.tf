@@ -2,9 +2,11 @@ terraform {
   required_version = ">= 1.5"
 
   required_providers {
+    # Exactly one release, so every deploy plans with the same provider code; the modules accept
+    # any 6.x and this pin picks it. Raise it deliberately (read the provider's CHANGELOG first).
     google = {
       source  = "hashicorp/google"
-      version = ">= 6.0, < 7.0"
+      version = "6.50.0"
     }
   }
 

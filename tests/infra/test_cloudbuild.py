@@ -225,3 +225,40 @@ def test_readme_gives_the_submit_command() -> None:
     readme = (INFRA / "README.md").read_text()
     assert "gcloud builds submit --config cloudbuild.yaml" in readme
     assert "gcloud builds submit --config infra/cloudbuild-destroy.yaml" in readme
+
+
+TEST_TOOLS = INFRA / "ci" / "test-tools.sh"
+
+
+def test_the_test_step_runs_what_ci_runs_with_every_tool_the_suite_needs() -> None:
+    steps = {s["id"]: s for s in cloudbuild(ROOT / "cloudbuild.yaml")["steps"]}
+    ci = re.search(r"^exec (make \w+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert ci is not None, ".ci/run no longer execs a make target"
+    tools, command = steps["test"]["args"][-1].split(" && ")
+    assert tools == "infra/ci/test-tools.sh"
+    assert command.split()[:2] == ci.group(1).split(), "the same target CI runs (only the venv path differs)"
+    # The apt packages the script installs are Debian bookworm's (openjdk-17); so is the image.
+    assert steps["test"]["name"] == "python:3.11-bookworm"
+    script = TEST_TOOLS.read_text()
+    for needed in (
+        "openjdk-17-jre-headless",
+        "google-cloud-cli-pubsub-emulator",
+        "SHA256SUMS",
+        "sha256sum -c",
+    ):
+        assert needed in script, needed
+    assert os.access(TEST_TOOLS, os.X_OK)
+    syntax = subprocess.run(["bash", "-n", str(TEST_TOOLS)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_terraform_is_one_pinned_release_everywhere() -> None:
+    version = re.search(r'^TERRAFORM_VERSION="(\d+\.\d+\.\d+)"$', TEST_TOOLS.read_text(), re.M)
+    assert version is not None, "test-tools.sh pins Terraform to a release"
+    images = [
+        step["name"]
+        for path in CLOUDBUILD_FILES
+        for step in cloudbuild(path)["steps"]
+        if step["name"].startswith("hashicorp/terraform")
+    ]
+    assert images and set(images) == {f"hashicorp/terraform:{version.group(1)}"}, images

@@ -28,6 +28,19 @@ resource "google_cloud_run_v2_service" "this" {
       max_instance_count = var.max_instances
     }
 
+    # Direct VPC egress, for a cluster reached at its private IP endpoint. Only private ranges take
+    # the VPC path; Google APIs (GKE, Pub/Sub, Logging) and the DNS endpoint keep the default one.
+    dynamic "vpc_access" {
+      for_each = var.vpc_egress == null ? [] : [var.vpc_egress]
+      content {
+        network_interfaces {
+          network    = vpc_access.value.network
+          subnetwork = vpc_access.value.subnetwork
+        }
+        egress = "PRIVATE_RANGES_ONLY"
+      }
+    }
+
     containers {
       image = var.image
 
@@ -40,7 +53,7 @@ resource "google_cloud_run_v2_service" "this" {
         value = var.function_source
       }
       dynamic "env" {
-        for_each = var.env
+        for_each = merge(var.env, var.extra_env)
         content {
           name  = env.key
           value = env.value
@@ -58,6 +71,19 @@ resource "google_cloud_run_v2_service" "this" {
       ports {
         container_port = 8080
       }
+    }
+  }
+
+  lifecycle {
+    # One value per setting: a dedicated variable and extra_env naming the same env var would race.
+    precondition {
+      condition     = length(setintersection(keys(var.env), keys(var.extra_env))) == 0
+      error_message = "extra_env repeats a setting that has a variable of its own; set it through that variable instead."
+    }
+    # Nothing but the VPC reaches a private IP endpoint from Cloud Run.
+    precondition {
+      condition     = var.vpc_egress != null || lookup(merge(var.env, var.extra_env), "CONTROL_PLANE_ENDPOINT", "auto") != "private-ip"
+      error_message = "CONTROL_PLANE_ENDPOINT = \"private-ip\" needs vpc_egress (Cloud Run Direct VPC egress into the cluster's network)."
     }
   }
 }

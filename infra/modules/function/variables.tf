@@ -53,6 +53,21 @@ variable "env" {
   description = "Settings environment of the function (see shared/core/settings.py)."
 }
 
+variable "extra_env" {
+  type        = map(string)
+  description = "More settings by env name (the root's extra_env); must not repeat a key of env."
+  default     = {}
+}
+
+variable "vpc_egress" {
+  type = object({
+    network    = string
+    subnetwork = string
+  })
+  description = "Direct VPC egress (network, subnetwork) into the cluster's VPC; null for none."
+  default     = null
+}
+
 variable "service_account_email" {
   type        = string
   description = "Runtime service account of the service (its GKE rights come from the root module)."
