@@ -211,3 +211,30 @@ def test_api_client_for_uses_the_chosen_endpoint(
         assert Path(cfg.ssl_ca_cert).read_bytes() == b"CA"
     else:  # the DNS endpoint: Google's front end, checked against the public roots
         assert cfg.ssl_ca_cert is None
+
+
+def test_unset_booleans_are_read_as_gke_means_them() -> None:
+    """proto3 `optional` booleans: unset is not false. A cluster older than ipEndpointsConfig.enabled
+    reports addresses without the flag, and those endpoints work."""
+    from google.cloud import container_v1
+
+    from shared.cloud.endpoint import endpoints_of
+
+    config = container_v1.ControlPlaneEndpointsConfig
+    legacy = container_v1.Cluster(
+        control_plane_endpoints_config=config(
+            ip_endpoints_config=config.IPEndpointsConfig(
+                public_endpoint="34.1.2.3", private_endpoint="10.0.0.2"
+            )
+        )
+    )
+    assert endpoints_of(legacy) == ControlPlaneEndpoints(
+        ip_enabled=True, public_ip_enabled=True, public_ip="34.1.2.3", private_ip="10.0.0.2"
+    )
+    closed = container_v1.Cluster(
+        control_plane_endpoints_config=config(
+            ip_endpoints_config=config.IPEndpointsConfig(enabled=False, private_endpoint="10.0.0.2")
+        )
+    )
+    assert endpoints_of(closed) == ControlPlaneEndpoints(private_ip="10.0.0.2")
+    assert endpoints_of(container_v1.Cluster(endpoint="34.1.2.3")) is None
