@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
+from shared.tpu import selectors
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
+from shared.tpu.slices import build_node_pool, pod_selectors, policy_of, slice_options, slice_request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,27 @@ class PlannedPool:
     capacity: str = ""  # the capacity options in the order they are tried: "spot@z -> on-demand@z"
     note: str = ""
     refused: str = ""  # why provision would refuse this slice (an Event on the pod); "" when it would not
+    # Each node selector of the slice's pods and its fate: "true: set by GKE from config.spot",
+    # "ml: set by the product as a node label", "x: refused: ..." (shared.tpu.selectors).
+    selectors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _fates(found: tuple[selectors.Fate, ...]) -> dict[str, str]:
+    return {f.key: f.describe().removeprefix(f"{f.key}=") for f in found}
+
+
+def _refused_fates(selected: Mapping[str, str], why: str) -> dict[str, str]:
+    """The fates of a refused slice's selectors: by key, and the one the refusal names is refused."""
+    found = []
+    for key, value in sorted(selected.items()):
+        fate = selectors.classify(key, value)
+        named = f"pod selects {key}={value}"
+        if why.startswith(named) and not fate.refused:
+            fate = selectors.Fate(
+                key, value, selectors.REFUSED, why.removeprefix(named).lstrip(":, ").removeprefix("which ")
+            )
+        found.append(fate)
+    return _fates(tuple(found))
 
 
 def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
@@ -43,7 +66,10 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
             if slice_desc not in seen:
                 # NotEligible (a CPU Job, say) is none of the product's business; Refused is a mistake.
                 refused = exc.why if isinstance(exc, Refused) else ""
-                seen[slice_desc] = PlannedPool(slice=slice_desc, note=exc.why, refused=refused)
+                fates = _refused_fates(pod_selectors(pod), refused) if refused else {}
+                seen[slice_desc] = PlannedPool(
+                    slice=slice_desc, note=exc.why, refused=refused, selectors=fates
+                )
                 result.append(seen[slice_desc])
             continue
         if slice_desc in seen:
@@ -68,6 +94,9 @@ def plan(jobset: dict[str, Any], settings: Settings) -> list[PlannedPool]:
                     "flex-start" if spec.flex_start else "",
                 )
                 if part
+            ),
+            selectors=_fates(
+                selectors.fates(request.selected, selectors.spec_node_labels(spec, shape.topology))
             ),
         )
         seen[slice_desc] = planned

@@ -88,6 +88,11 @@ def _selected(spec: Mapping[str, Any]) -> dict[str, str]:
     return chosen
 
 
+def pod_selectors(pod: Mapping[str, Any]) -> dict[str, str]:
+    """A pod's nodeSelector and single-valued required node-affinity terms (what it needs of a node)."""
+    return _selected(pod.get("spec") or {})
+
+
 def _capacity_selection(selected: Mapping[str, str]) -> tuple[bool, Reservation | None, bool]:
     """Spot, reservation and flex-start as the selectors ask for them; Refused for combinations no
     pool can have."""

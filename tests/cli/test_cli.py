@@ -66,6 +66,11 @@ def test_plan_reports_unsupported_shapes(tmp_path, capsys):
             "capacity": "",
             "note": why,
             "refused": why,
+            "selectors": {
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice: set by GKE from config.machineType",
+                "cloud.google.com/gke-tpu-topology": "3x3: set by GKE from placementPolicy.tpuTopology",
+                "team": "research: set by the product as a node label",
+            },
         }
         for i in (0, 1)
     ]

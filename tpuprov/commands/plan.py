@@ -60,6 +60,17 @@ def rows_for(jobsets: list[dict[str, Any]], settings: Settings) -> list[dict[str
     return rows
 
 
+def _selectors_cell(fates: dict[str, str]) -> str:
+    """Each selector's fate in a word: ``cloud.google.com/gke-spot=gke, team=product`` (-o json has
+    the whole sentence, with the pool field GKE derives it from)."""
+    short = {"set by GKE": "gke", "set by the product": "product"}
+    words = []
+    for key, fate in fates.items():
+        word = next((w for phrase, w in short.items() if phrase in fate), "refused")
+        words.append(f"{key}={word}")
+    return ", ".join(words) or "-"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows for people, one line per slice."""
     header = [
@@ -72,6 +83,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "CHIPS",
         "PLACEMENT",
         "CAPACITY",
+        "SELECTORS",
         "NOTE",
     ]
     return output.table(
@@ -87,6 +99,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 str(r["total_chips"]),
                 r["placement"] or "-",
                 r["capacity"] or "-",
+                _selectors_cell(r.get("selectors") or {}),
                 ("refused: " if r["refused"] else "") + (r["note"] or ""),
             )
             for r in rows
