@@ -44,7 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; exit 0 when every target is met, 1 when one is missed, 2 on bad input."""
-    counts = (args.launches, args.events, args.slices, args.repeats, args.concurrency, args.fanout_slices)
+    counts: tuple[int, ...] = (
+        args.launches,
+        args.events,
+        args.slices,
+        args.repeats,
+        args.concurrency,
+        args.fanout_slices,
+    )
     counts += (args.handover_jobsets,)
     scale = (args.cluster_nodes, args.cluster_pods, args.cluster_jobsets, args.cluster_pools)
     if min(counts) < 1 or min(scale) < 1 or args.cluster_pools > args.cluster_jobsets:
