@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What `make test` needs beyond the python:3.11-bookworm image, so the Cloud Build `test` step runs
 # the whole suite as CI does instead of skipping: Java and the Cloud CLI's Pub/Sub emulator (the
-# sandbox tests), and Terraform (fmt and templatefile checks; the same release the deploy step
-# runs). Everything is pinned; Terraform's zip is checked against HashiCorp's SHA256SUMS.
+# sandbox tests), Terraform (fmt and templatefile checks; the same release the deploy step runs)
+# and, when the sandbox builds real Kubernetes components, the Go its module names. Everything is
+# pinned, and the downloaded archives are checked against their publishers' sha256.
 set -euo pipefail
 
 GCLOUD_VERSION="528.0.0-0"
@@ -27,6 +28,26 @@ curl -fsSL --retry 3 -o "$tmp/$zip" "$base/$zip"
 curl -fsSL --retry 3 -o "$tmp/SHA256SUMS" "$base/terraform_${TERRAFORM_VERSION}_SHA256SUMS"
 (cd "$tmp" && grep " ${zip}\$" SHA256SUMS | sha256sum -c -)
 unzip -q -o "$tmp/$zip" terraform -d /usr/local/bin
+
+# Go, when the sandbox builds real Kubernetes components from their pinned module (make kube-bins):
+# the release its go.mod names (toolchain line, else go line), checked against go.dev's published sha256.
+go_mod="$(cd "$(dirname "$0")/../.." && pwd)/sandbox/kube/go/go.mod"
+if [ -f "$go_mod" ]; then
+  go_version="$(sed -n 's/^toolchain go//p' "$go_mod")"
+  [ -n "$go_version" ] || go_version="$(sed -n 's/^go //p' "$go_mod")"
+  archive="go${go_version}.linux-amd64.tar.gz"
+  curl -fsSL --retry 3 -o "$tmp/$archive" "https://go.dev/dl/$archive"
+  want="$(curl -fsSL --retry 3 'https://go.dev/dl/?mode=json&include=all' | python3 -c '
+import json, sys
+name = sys.argv[1]
+print(next(f["sha256"] for r in json.load(sys.stdin) for f in r["files"] if f["filename"] == name))
+' "$archive")"
+  echo "$want  $tmp/$archive" | sha256sum -c -
+  tar -C /usr/local -xzf "$tmp/$archive"
+  export PATH="/usr/local/go/bin:$PATH"
+  ln -sf /usr/local/go/bin/go /usr/local/bin/go
+  go version
+fi
 rm -rf "$tmp"
 
 java -version 2>&1 | head -1

@@ -247,6 +247,8 @@ def test_the_test_step_runs_what_ci_runs_with_every_tool_the_suite_needs() -> No
         "sha256sum -c",
     ):
         assert needed in script, needed
+    # `make test` builds the sandbox's Kubernetes binaries with the Go their module names.
+    assert "sandbox/kube/go/go.mod" in script and "go.dev/dl/" in script
     assert os.access(TEST_TOOLS, os.X_OK)
     syntax = subprocess.run(["bash", "-n", str(TEST_TOOLS)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
