@@ -15,9 +15,9 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
 from shared.provisioning import backoff
-from shared.tpu import catalog
+from shared.tpu import catalog, selectors
 from shared.tpu.jobsets import condition, jobset_problem
-from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
 from shared.tpu.slices import build_node_pool, slice_request
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -62,6 +62,17 @@ def _failed_sentence(pool: NodePoolInfo, jobset: Mapping[str, Any] | None, setti
         f"{head} Attempt {failure.attempts} failed and no other capacity is allowed, so the slice backs off: "
         f"the failed pool is deleted and the slice requested again in about {backoff.describe(wait)}."
     )
+
+
+def _selectors_sentence(selected: Mapping[str, str], spec: NodePoolSpec, topology: str) -> str:
+    """Each selector's fate on the pool the product builds: who puts the label on the nodes."""
+    fates = selectors.fates(selected, selectors.spec_node_labels(spec, topology))
+    gke = [f"{f.key}={f.value} ({f.detail})" for f in fates if f.fate == selectors.GKE]
+    ours = [f"{f.key}={f.value}" for f in fates if f.fate == selectors.PRODUCT]
+    parts = [f"GKE sets {', '.join(gke)} from the pool's configuration"] if gke else []
+    if ours:
+        parts.append(f"the product sets {', '.join(ours)} as node labels")
+    return f"Of its node selectors, {'; '.join(parts)}." if parts else ""
 
 
 def _pool_sentence(
@@ -153,6 +164,13 @@ def explain(
         return f"{who} was refused a slice: {exc.why}. {tail}"
     pool = by_pool.get(pool_spec.name)
     needs = f"It needs {shape.machine_type} x {shape.num_vms} ({shape.total_chips} chips, {shape.topology})."
+    needs = f"{needs} {_selectors_sentence(request.selected, pool_spec, shape.topology)}".rstrip()
+    misfit = selectors.misfit(request.selected, pool, pool_spec) if pool is not None else ""
+    if pool is not None and misfit and pool.status not in ("ERROR", "STOPPING"):
+        return (
+            f"{who}: {needs} Its pool {pool.name} exists but no longer fits the pod: {misfit}. Provision "
+            f"deletes it and builds it again once no JobSet pod runs on it (never under a workload). {tail}"
+        )
     if pool is None:
         if settings.drain:
             return f"{who}: {needs} Drain mode is on, so nothing is created. {tail}"

@@ -1,0 +1,52 @@
+"""``tpuprov why`` names each selector's fate and a pool of the slice's name that no longer fits."""
+
+from __future__ import annotations
+
+from sandbox.testing.builders import tpu_jobset
+from shared.core import labels
+from shared.core.settings import Settings
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.slices import build_node_pool, slice_request
+from tpuprov.why import explain
+
+SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+UID = "0b9a1c3e-1111-4222-8333-444455556666"
+
+
+def _case(selectors: dict[str, str]) -> tuple[dict, dict]:
+    jobset = tpu_jobset("train", "team-a", uid=UID, replicas=1, topology="2x4", selectors=selectors)
+    return expand_pods(jobset)[0], jobset
+
+
+def test_why_says_who_sets_each_selector() -> None:
+    pod, jobset = _case({labels.SPOT: "true", "team": "ml"})
+    text = explain(pod, jobset, [], [], [], SETTINGS)
+    assert (
+        "Of its node selectors, GKE sets cloud.google.com/gke-spot=true (config.spot), "
+        "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice (config.machineType), "
+        "cloud.google.com/gke-tpu-topology=2x4 (placementPolicy.tpuTopology) from the pool's configuration; "
+        "the product sets team=ml as node labels."
+    ) in text
+
+
+def test_why_names_a_pool_that_no_longer_fits() -> None:
+    pod, jobset = _case({labels.SPOT: "true"})
+    spec, _ = build_node_pool(SETTINGS, slice_request(pod))
+    pool = NodePoolInfo(
+        name=spec.name,
+        status="RUNNING",
+        machine_type=spec.machine_type,
+        node_count=spec.node_count,
+        labels=dict(spec.labels),
+        node_locations=spec.node_locations,
+        tpu_topology="2x4",
+        spot=False,  # built when the pods selected on-demand capacity
+    )
+    text = explain(pod, jobset, [], [pool], [], SETTINGS)
+    assert (
+        f"Its pool {spec.name} exists but no longer fits the pod: the pod selects "
+        "cloud.google.com/gke-spot=true but the pool's nodes carry no cloud.google.com/gke-spot label "
+        "(GKE sets it from config.spot). "
+        "Provision deletes it and builds it again once no JobSet pod runs on it"
+    ) in text
