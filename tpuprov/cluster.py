@@ -39,18 +39,23 @@ def settings_from(args: argparse.Namespace) -> Settings:
         "cluster_name": getattr(args, "cluster", None),
     }
     settings = settings.with_overrides(**{k: v for k, v in overrides.items() if v})
+    require_cluster(settings.project_id, settings.location, settings.cluster_name)
+    return settings
+
+
+def require_cluster(project: str, location: str, cluster: str) -> None:
+    """Raise InvalidInputError naming the flags (and variables) still needed to name the cluster."""
     missing = [
         f"--{flag} (or ${env})"
         for flag, env, value in (
-            ("project", "PROJECT_ID", settings.project_id),
-            ("location", "LOCATION", settings.location),
-            ("cluster", "CLUSTER_NAME", settings.cluster_name),
+            ("project", "PROJECT_ID", project),
+            ("location", "LOCATION", location),
+            ("cluster", "CLUSTER_NAME", cluster),
         )
         if not value
     ]
     if missing:
         raise InvalidInputError(f"which cluster? give {', '.join(missing)}")
-    return settings
 
 
 class ClusterView:

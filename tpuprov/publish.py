@@ -25,6 +25,7 @@ from shared.core import names
 from shared.core.errors import InvalidInputError, PermanentError, Skip, TransientError
 from shared.events.envelope import JobSetDeleted, JobSetFinished, PodUnschedulable, decode_log_entry
 from shared.events.fields import ClusterId, cluster_from_labels, validate_uid
+from tpuprov.cluster import require_cluster
 
 DEFAULT_TOPIC_PREFIX = "tpuprov"
 # Topic suffix per message kind; infra/main.tf names the topics "<prefix>-<suffix>".
@@ -78,11 +79,19 @@ def cluster_id(cluster: str, project: str = "", location: str = "") -> ClusterId
     """A cluster from ``projects/P/locations/L/clusters/C`` or from a name plus project and location."""
     if "/" in cluster:
         return ClusterId.from_path(cluster)
+    require_cluster(project, location, cluster)
+    values = {"project_id": project, "location": location, "cluster_name": cluster}
     try:
-        return cluster_from_labels({"project_id": project, "location": location, "cluster_name": cluster})
+        return cluster_from_labels(values)
     except Skip as skip:
-        why = skip.reason.replace("resource label ", "")
-        raise InvalidInputError(f"cluster: {why} (give --project, --location and --cluster)") from None
+        why = skip.reason
+        for label, flag in (
+            ("project_id", "--project"),
+            ("location", "--location"),
+            ("cluster_name", "--cluster"),
+        ):
+            why = why.replace(f"resource label {label}", flag)
+        raise InvalidInputError(f"cluster: {why}") from None
 
 
 def _namespace(value: str) -> str:

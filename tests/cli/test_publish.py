@@ -216,9 +216,18 @@ INVALID = [
         "JobSet name 'UPPER'",
         "name-case",
     ),
-    (["jobset-deleted", "--namespace", "ns", "--name", "js"], "cluster:", "no-cluster"),
+    (
+        ["jobset-deleted", "--namespace", "ns", "--name", "js"],
+        "which cluster? give --project (or $PROJECT_ID), --location (or $LOCATION), "
+        "--cluster (or $CLUSTER_NAME)",
+        "no-cluster",
+    ),
     (["setup", "--cluster", "projects/p/clusters/c"], "is not projects/P/locations/L/clusters/C", "bad-path"),
-    (["setup", "--cluster", "c", "--project", "Bad_Project", "--location", "l"], "project_id", "bad-project"),
+    (
+        ["setup", "--cluster", "c", "--project", "Bad_Project", "--location", "l"],
+        "cluster: --project='Bad_Project' is not a valid GCP name",
+        "bad-project",
+    ),
     (["kueue", "-f", "/does/not/exist.yaml", *DEPLOYMENT], "cannot read", "missing-file"),
     (["kueue", "-f", str(KUEUE_FILE)], "give --project", "kueue-without-project"),
     (["setup", *DEPLOYMENT, "--topic-prefix", "Bad Prefix"], "topic prefix", "bad-prefix"),

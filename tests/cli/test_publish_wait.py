@@ -100,4 +100,6 @@ def test_kueue_wait_without_the_cluster_names_the_flags_and_publishes_nothing(
     publisher = RecordingPublisher()
     assert _publish(tmp_path, ["--project", "p", "--wait", "10"], publisher) == 2
     assert publisher.topics == {}
-    assert "give --project, --location and --cluster" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "tpuprov publish: which cluster? give --location (or $LOCATION), --cluster (or $CLUSTER_NAME)\n"
+    )
