@@ -292,11 +292,11 @@ def _money(value: float | None, currency: str) -> str:
     return "?" if value is None else f"{value:,.2f}" if currency == "USD" else f"{value:,.2f} {currency}"
 
 
-def render_table(rows: Sequence[PoolRow], prices: Prices) -> str:
+def render_table(rows: Sequence[PoolRow], prices: Prices, empty: str = "No managed TPU node pools.") -> str:
     """The kubectl-style table with a totals line, then why each pool not simply in use is where it is;
-    an explicit line when there is nothing."""
+    the ``empty`` line when there is nothing."""
     if not rows:
-        return "No managed TPU node pools.\n"
+        return f"{empty}\n"
     header = (
         "POOL",
         "OWNER",

@@ -198,6 +198,14 @@ def test_status_command_json_and_leaks(
     assert main(["status", "--leaks"]) == 1, "--leaks exits 1 when it finds one (for scripts and alerts)"
     out = capsys.readouterr().out
     assert cluster["pools"]["done"] in out and cluster["pools"]["train"] not in out
+    # Deployed with a long release grace, the completed JobSet's pool is kept on purpose: no leak.
+    monkeypatch.setenv("RELEASE_GRACE_SECONDS", str(10**9))
+    assert main(["status", "--leaks"]) == 0
+    assert capsys.readouterr().out == "No leaked TPU node pools.\n"
+    assert main(["status", "-o", "json"]) == 0
+    [done] = [p for p in json.loads(capsys.readouterr().out)["pools"] if p["owner"] == "team-a/done"]
+    assert (done["next"], done["leak"]) == ("keep", False)
+    assert done["why"].startswith("JobSet team-a/done completed") and "grace is 1000000000s" in done["why"]
 
 
 def _why(view: ClusterView, namespace: str, name: str) -> str:

@@ -62,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.leaks:
         rows = [r for r in rows if r.leak]
-    output.emit(args.output, status.document(rows, prices), lambda: status.render_table(rows, prices))
+    empty = "No leaked TPU node pools." if args.leaks else "No managed TPU node pools."
+    output.emit(args.output, status.document(rows, prices), lambda: status.render_table(rows, prices, empty))
     return 1 if args.leaks and rows else 0
