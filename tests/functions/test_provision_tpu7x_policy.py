@@ -7,8 +7,7 @@ import pytest
 
 from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
-from shared.core import labels
-from tests.functions.test_provision import events_with, pending_event, submit
+from tests.functions.test_provision import pending_event, submit
 
 pytestmark = pytest.mark.integration
 
@@ -65,16 +64,17 @@ def test_operator_policy_means_the_product_creates_none(world, fn, compute_emula
     assert pool["placementPolicy"] == {"policyName": "ops-2-2-2"}
 
 
-def test_permission_denied_is_an_event_on_the_pod_and_no_pool(world, fn, compute_emulator):
+def test_permission_denied_is_redelivered_without_a_pool_until_the_role_holds_it(world, fn, compute_emulator):
     compute_emulator.deny("compute.resourcePolicies.create")
     _, pods = submit(world, tpu7x("train", replicas=1))
     response = fn.post_entry(pending_event(pods[0]))
-    assert response.status_code == 200, response.data  # a refusal is acknowledged, not redelivered
+    # A missing grant is a deployment error: kept for redelivery, so nothing is lost once it is fixed.
+    assert response.status_code == 503, response.data
+    assert "compute.resourcePolicies.create" in response.get_data(as_text=True)
     assert world.gke.count("create") == 0
-    [event] = events_with(world, labels.REASON_FAILED)
-    assert event["involvedObject"]["name"] == pods[0]["metadata"]["name"]
-    assert "Required 'compute.resourcePolicies.create' permission" in event["message"]
-    assert "TPU7X_WORKLOAD_POLICY" in event["message"]
+    compute_emulator.state.allow_all()
+    assert fn.post_entry(pending_event(pods[0])).status_code == 200
+    assert len(world.pools()) == 1
 
 
 def test_compute_unavailable_redelivers_without_a_pool(world, fn, compute_emulator):

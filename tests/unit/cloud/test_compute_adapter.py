@@ -6,7 +6,13 @@ import pytest
 
 from sandbox.emulators.compute.emulator import ComputeEmulator
 from shared.cloud.compute import ComputeWorkloadPolicyAPI
-from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError, TransientError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    PermissionDeniedError,
+    RejectedError,
+    TransientError,
+)
 from shared.tpu.nodepools import WorkloadPolicyInfo
 
 REGION = "us-central2"
@@ -58,8 +64,8 @@ def test_insert_gives_up_after_its_wait_as_transient(compute_emulator):
         pytest.param(
             lambda c: c.deny("compute.resourcePolicies.create"),
             "insert",
-            RejectedError,
-            403,
+            PermissionDeniedError,
+            None,
             "Required 'compute.resourcePolicies.create' permission for 'projects/p/regions/us-central2/",
             id="403-permission",
         ),
