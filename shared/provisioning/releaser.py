@@ -111,17 +111,16 @@ class Releaser:
             )
             return []
         jobsets: JobSets = {}
-        retry = self._take_over(ran_on, listing, trigger, jobsets) if ran_on else []
-        for owner in sorted({p.labels.get(labels.OWNER_NAME, "") for p in pools}):
-            self._jobset(jobsets, namespace, owner)
+        for user in ran_on.values():  # its Events go on it; its finished pods keep it out of occupancy
+            self._jobset(jobsets, user.namespace, user.name)
+        pools += [p for p in listing if p.name in ran_on]
+        for pool in pools:
+            self._jobset(jobsets, *_key(pool))
         now = datetime.datetime.now(tz=datetime.UTC)
-        verdicts = [
-            (p, judge(p, jobsets[(namespace, p.labels.get(labels.OWNER_NAME, ""))], self.settings, now))
-            for p in pools
-        ]
-        outcome = self.dispose(verdicts, trigger, jobsets, listing)
-        if outcome.retry or retry:
-            raise TransientError("; ".join(retry + outcome.retry))
+        verdicts = [(p, judge(p, jobsets[_key(p)], self.settings, now)) for p in pools]
+        outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
         return [p.name for p in outcome.deleted]
 
     def _ran_on(
@@ -135,31 +134,6 @@ class Releaser:
         mine = {p.name for p in own}
         others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
         return {pool: user for pool, user in ran.items() if pool in others}
-
-    def _take_over(
-        self,
-        ran_on: dict[str, occupancy.Occupant],
-        listing: list[NodePoolInfo],
-        trigger: str,
-        jobsets: JobSets,
-    ) -> list[str]:
-        """Adopt the pools the released JobSet ran on last (a live occupant takes them instead).
-
-        GKE runs one operation per pool, so a pool just relabelled cannot be deleted until the update
-        is done: the delete is left to the redelivery, which finds the pool among the JobSet's own.
-        """
-        now = datetime.datetime.now(tz=datetime.UTC)
-        for user in ran_on.values():  # its Events go on it; its finished pods leave it out of occupancy
-            self._jobset(jobsets, user.namespace, user.name)
-        verdicts = []
-        for pool in (p for p in listing if p.name in ran_on):
-            owner = self._jobset(
-                jobsets, pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, "")
-            )
-            verdicts.append((pool, judge(pool, owner, self.settings, now)))
-        outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
-        taken = [p.name for p, taker in outcome.adopted if taker == ran_on.get(p.name)]
-        return outcome.retry + [f"{pool}: adopted; released once GKE has relabelled it" for pool in taken]
 
     def dispose(
         self,
@@ -175,7 +149,8 @@ class Releaser:
 
         ``jobsets`` caches JobSets by (namespace, name) (None = gone) and is filled as needed;
         ``all_jobsets`` (reconcile has it) saves the listing the handover-demand check needs;
-        ``last_users`` names, by pool, the released JobSet whose finished pods ran there last;
+        ``last_users`` names, by pool, the released JobSet whose finished pods ran there last (with
+        nobody live on the pool, that JobSet takes it over and its own verdict decides);
         ``adopt_only`` (provision) carries out adoptions and leaves every other decision to release.
         Transient failures are collected in ``Outcome.retry`` after every pool was attempted.
         """
@@ -195,24 +170,25 @@ class Releaser:
             try:
                 nodes = self.guard.nodes(pool)
                 found = self._occupants(pool, nodes, jobsets)
-                owner = jobsets.get(
-                    (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))
-                )
-                idle = idle_seconds(pool, owner, self.settings, now)
+                last = None if found else last_users.get(pool.name)
+                taking = occupancy.decide(pool, verdict, [], [], 0.0, self.settings, last) if last else None
+                inherited = taking is not None and taking.adopter is not None  # ADOPT by the last user
+                if taking is not None and taking.adopter is not None:
+                    pool, verdict = self._inherit(
+                        pool, taking.adopter, taking.why, trigger, jobsets, outcome, fields, now
+                    )
+                    fields = {"pool": pool.name, "jobset": _owner(pool)}
+                idle = idle_seconds(pool, jobsets.get(_key(pool)), self.settings, now)
                 # Drain mode winds everything down: no pool is held for anyone.
                 if (
                     not found
                     and waiting is None
-                    and pool.name not in last_users
                     and not adopt_only
                     and self.settings.idle_pool_seconds > 0
                     and not self.settings.drain
                 ):
                     waiting = self._demand(listing, all_jobsets)
-                last = last_users.get(pool.name)
-                decision = occupancy.decide(
-                    pool, verdict, found, waiting or [], idle or 0.0, self.settings, last
-                )
+                decision = occupancy.decide(pool, verdict, found, waiting or [], idle or 0.0, self.settings)
                 if adopt_only and decision.action != occupancy.ADOPT:
                     continue
                 if decision.action == occupancy.DELETE:
@@ -228,14 +204,14 @@ class Releaser:
                 if decision.action == occupancy.ADOPT and decision.adopter is not None:
                     self._adopt(pool, decision.adopter, decision.why, trigger, jobsets, outcome, fields)
                 elif decision.action == occupancy.OFFER:
-                    if idle is None:
-                        stamp = {**pool.labels, labels.IDLE_SINCE: str(int(now.timestamp()))}
-                        self.gke.set_node_pool_labels(
-                            self.settings.cluster_path, pool.name, stamp, decision.why
-                        )
+                    if idle is None or inherited:
+                        stamp = {labels.IDLE_SINCE: str(int(now.timestamp()))} if idle is None else {}
+                        self._relabel(pool, {**pool.labels, **stamp}, decision.why, inherited)
                     outcome.offered.append(pool)
                     logs.decision(log, "release.offered", f"kept {pool.name} idle: {decision.why}", **fields)
                 else:
+                    if inherited:  # it outlives this delivery: its labels must say whose it is now
+                        self._relabel(pool, pool.labels, decision.why, billing=True)
                     outcome.kept.append((pool, decision.why))
                     logs.decision(log, "release.kept", f"kept {pool.name}: {decision.why}", **fields)
             except TransientError as exc:
@@ -308,15 +284,42 @@ class Releaser:
         outcome: Outcome,
         fields: dict[str, str],
     ) -> None:
-        new_labels = occupancy.adopted_labels(pool, adopter)
+        self._relabel(pool, occupancy.adopted_labels(pool, adopter), f"{why} ({trigger})", billing=True)
+        self._record_adoption(pool, adopter, why, trigger, jobsets, outcome, fields)
+
+    def _inherit(
+        self,
+        pool: NodePoolInfo,
+        user: occupancy.Occupant,
+        why: str,
+        trigger: str,
+        jobsets: JobSets,
+        outcome: Outcome,
+        fields: dict[str, str],
+        now: datetime.datetime,
+    ) -> tuple[NodePoolInfo, Verdict]:
+        """The finished JobSet that ran on ``pool`` last takes it over at its own release; the pool as
+        its own and that JobSet's verdict on it. Its labels are written only if the pool outlives this
+        delivery: a relabel is a GKE operation, and GKE refuses a delete while one runs on the pool."""
+        self._record_adoption(pool, user, why, trigger, jobsets, outcome, fields)
+        taken = dataclasses.replace(pool, labels=occupancy.adopted_labels(pool, user))
+        return taken, judge(taken, jobsets.get((user.namespace, user.name)), self.settings, now)
+
+    def _relabel(self, pool: NodePoolInfo, new: Mapping[str, str], why: str, billing: bool) -> None:
         # The billing labels move with the node labels, in the same operation (one per pool at a time).
-        self.gke.set_node_pool_labels(
-            self.settings.cluster_path,
-            pool.name,
-            new_labels,
-            f"{why} ({trigger})",
-            resource_labels=labels.billing_labels(adopter.name),
-        )
+        owner = labels.billing_labels(new.get(labels.OWNER_NAME, "")) if billing else None
+        self.gke.set_node_pool_labels(self.settings.cluster_path, pool.name, new, why, resource_labels=owner)
+
+    def _record_adoption(
+        self,
+        pool: NodePoolInfo,
+        adopter: occupancy.Occupant,
+        why: str,
+        trigger: str,
+        jobsets: JobSets,
+        outcome: Outcome,
+        fields: dict[str, str],
+    ) -> None:
         outcome.adopted.append((pool, adopter))
         logs.decision(log, "release.adopted", f"{adopter.describe()} adopts {pool.name}: {why}", **fields)
         taker = jobsets.get((adopter.namespace, adopter.name))
@@ -357,6 +360,10 @@ class Releaser:
                 labels.REASON_RELEASED,
                 f"released node pools {', '.join(sorted(names))}: {trigger}",
             )
+
+
+def _key(pool: NodePoolInfo) -> tuple[str, str]:
+    return (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))
 
 
 def _owner(pool: NodePoolInfo) -> str:

@@ -8,6 +8,7 @@ when the pod is bound by then), or release/reconcile looking at the pool. Over t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -82,27 +83,55 @@ def offered(gke: FakeGke, kube: FakeKube) -> tuple[dict[str, Any], NodePoolInfo,
     return a, pool, b
 
 
-def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_then_deletes_it(
+def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_and_deletes_it(
     gke: FakeGke, kube: FakeKube
 ) -> None:
     _, pool, b = offered(gke, kube)
     finish(kube, "b")  # B ran on A's idle pool and is over before any function looked at the pool
+    relabels = gke.count("set_labels")
 
-    # The relabel is a GKE operation: the delete waits for the redelivery.
-    with pytest.raises(TransientError, match=f"{pool.name}: adopted"):
-        release(gke, kube, b)
-    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
-    assert gke.billing[pool.name][labels.RESOURCE_LABEL_JOBSET] == "b"
-    assert gke.pools[CLUSTER][pool.name].labels[labels.HANDED_OVER_FROM] == "a"
-    assert gke.count("delete") == 0
+    assert release(gke, kube, b) == [pool.name]  # at once: B's release, not the next reconcile
+
+    # No relabel of a pool deleted in the same delivery: GKE would refuse the delete while it ran.
+    assert gke.count("set_labels") == relabels
     [adopted] = events(kube, labels.REASON_ADOPTED, "b")
     assert pool.name in adopted and "ran there" in adopted
-    assert any(
-        f"handed node pool {pool.name} to team-a/b" in m for m in events(kube, labels.REASON_RELEASED, "a")
-    )
+    [handed] = events(kube, labels.REASON_RELEASED, "a")
+    assert f"handed node pool {pool.name} to team-a/b" in handed
+    [released] = events(kube, labels.REASON_RELEASED, "b")
+    assert f"released node pools {pool.name}" in released
 
-    assert release(gke, kube, b) == [pool.name]  # the redelivery: B's own pool now, B is over
-    assert [m for m in events(kube, labels.REASON_RELEASED, "b") if pool.name in m]
+
+def test_a_pool_the_last_user_hands_on_again_is_relabelled_for_it(gke: FakeGke, kube: FakeKube) -> None:
+    # B took A's idle pool and is over, but C (same shape) is queued: the pool stays, now B's.
+    _, pool, b = offered(gke, kube)
+    finish(kube, "b", when=ago(1))
+    queue(kube, "c")
+
+    assert release(gke, kube, b) == []
+
+    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
+    assert gke.billing[pool.name] == labels.billing_labels("b")
+    current = gke.pools[CLUSTER][pool.name].labels
+    assert current[labels.HANDED_OVER_FROM] == "a" and labels.IDLE_SINCE not in current  # B's end dates it
+    assert gke.count("delete") == 0
+    assert [m for m in events(kube, labels.REASON_ADOPTED, "b") if pool.name in m]
+
+
+def test_a_pool_inherited_within_the_release_grace_is_relabelled_and_kept(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    _, pool, b = offered(gke, kube)
+    finish(kube, "a", when=ago(700))  # A is past the grace, B (which ran on A's pool last) within it
+    finish(kube, "b", when=ago(1))
+    settings = dataclasses.replace(SETTINGS, release_grace_seconds=600)
+    meta = b["metadata"]
+
+    assert Releaser(settings, gke, kube).release("team-a", "b", meta["uid"], "JobSet completed") == []
+
+    assert owner(gke, pool) == ("b", meta["uid"])  # its later release (or reconcile) finds it B's
+    assert gke.billing[pool.name] == labels.billing_labels("b")
+    assert gke.count("delete") == 0
 
 
 def test_a_live_occupant_takes_the_pool_not_the_finished_jobset_that_ran_before_it(
