@@ -37,7 +37,7 @@ def apply_kueue(stack: Stack, text: str | None = None, timeout: float = 60.0) ->
             "the Kueue configuration to be applied",
         )
         return objects
-    client = stack.kube.api_client()
+    client = stack.kube.api_client(stack.admin_token)  # the operator applies it, as with kubectl
     started = time.monotonic()
     try:
         report = KueueService(

@@ -205,10 +205,14 @@ class KubeApiServer:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def api_client(self) -> kubernetes.client.ApiClient:
-        """An official-client ApiClient for this server (no auth); close it when done."""
+    def api_client(self, token: str = "") -> kubernetes.client.ApiClient:
+        """An official-client ApiClient for this server (as ``token``'s principal when the server
+        authorizes callers, else no auth); close it when done."""
         config = kubernetes.client.Configuration()
         config.host = self.url
+        if token:
+            config.api_key = {"authorization": token}
+            config.api_key_prefix = {"authorization": "Bearer"}
         return kubernetes.client.ApiClient(configuration=config)
 
     def write_kubeconfig(self, path: Path, token: str = "") -> Path:
