@@ -106,6 +106,11 @@ class Iam:
         with self._lock:
             self._grants.get(self.principal_of(function), set()).discard(permission)
 
+    def granted(self, principal: str) -> frozenset[str]:
+        """What ``principal`` holds now (``tpuprov doctor`` reads it as the deployed role)."""
+        with self._lock:
+            return frozenset(self._grants.get(principal, ()))
+
     def token_for(self, function: str) -> str:
         """A bearer token that authenticates as ``function``'s service account."""
         principal = self.principal_of(function)

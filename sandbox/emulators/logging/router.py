@@ -32,6 +32,9 @@ from shared.core import labels
 from shared.events.fields import ClusterId
 
 EntryPredicate = Callable[[Mapping[str, Any]], bool]
+# The project number the sandbox's service agents are named after (a real project has its own).
+SANDBOX_PROJECT_NUMBER = "100000000001"
+PUBLISHER_ROLE = "roles/pubsub.publisher"
 CONTROLLER_TYPE_LABEL = "logging.gke.io/top_level_controller_type"
 CONTROLLER_NAME_LABEL = "logging.gke.io/top_level_controller_name"
 # Reasons worth a timeline line even though no sink exports them (the product's own Events).
@@ -41,6 +44,11 @@ _NOTABLE = (
     labels.REASON_FAILED,
     labels.REASON_RELEASED,
 )
+
+
+def writer_identity(project_number: str) -> str:
+    """The writer identity of a project's sinks with unique writer identities: Logging's service agent."""
+    return f"serviceAccount:service-{project_number}@gcp-sa-logging.iam.gserviceaccount.com"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,14 @@ class LogRouter:
         self._routed: list[Routed] = []
         self._dropped: list[dict[str, Any]] = []
         self._drops: list[_Drop] = []
+        # Each sink exports as its writer identity (infra: unique_writer_identity, Logging's service
+        # agent) and Terraform grants it roles/pubsub.publisher on the sink's topic. Cloud Logging's
+        # exports fail until that grant exists; a test can remove it to see a sink go quiet.
+        self.writer_identity = writer_identity(SANDBOX_PROJECT_NUMBER)
+        self._publishers: dict[str, set[str]] = {
+            wiring(function).topic(prefix): {self.writer_identity} for function in SINKS.values()
+        }
+        self._export_failures: list[tuple[str, str]] = []
         self._worker = QueueWorker(
             "log-router",
             lambda item: self._route(*item),
@@ -137,6 +153,34 @@ class LogRouter:
         """Entries lost on purpose through ``drop_next``."""
         with self._lock:
             return list(self._dropped)
+
+    def sinks(self) -> list[tuple[str, str, str]]:
+        """(sink file name, destination topic, writer identity) of every sink."""
+        return [
+            (sink, wiring(function).topic(self.prefix), self.writer_identity)
+            for sink, function in SINKS.items()
+        ]
+
+    def publishers(self, topic: str) -> frozenset[str]:
+        """Members holding roles/pubsub.publisher on ``topic`` (the topic's IAM policy)."""
+        with self._lock:
+            return frozenset(self._publishers.get(topic, ()))
+
+    def revoke_publisher(self, topic: str, member: str) -> None:
+        """Remove ``member``'s publisher binding on ``topic``."""
+        with self._lock:
+            self._publishers.get(topic, set()).discard(member)
+
+    def grant_publisher(self, topic: str, member: str) -> None:
+        """Bind ``member`` to roles/pubsub.publisher on ``topic``."""
+        with self._lock:
+            self._publishers.setdefault(topic, set()).add(member)
+
+    @property
+    def export_failures(self) -> list[tuple[str, str]]:
+        """(sink, topic) of every export that failed for want of the publisher grant."""
+        with self._lock:
+            return list(self._export_failures)
 
     def publish(self, function: str, entry: Mapping[str, Any]) -> str:
         """Publish ``entry`` to ``function``'s topic as its sink would; returns the message id."""
@@ -197,8 +241,17 @@ class LogRouter:
                 self.timeline.add("router", f"LOST (dropped) {subject}{detail}")
                 continue
             function = SINKS[sink]
-            message_id = self.publish(function, entry)
             topic = wiring(function).topic(self.prefix)
+            if self.writer_identity not in self.publishers(topic):
+                with self._lock:
+                    self._export_failures.append((sink, topic))
+                self.timeline.add(
+                    "router",
+                    f"NOT EXPORTED {subject}: sink {sink}'s writer identity lacks {PUBLISHER_ROLE} "
+                    f"on {topic}",
+                )
+                continue
+            message_id = self.publish(function, entry)
             with self._lock:
                 self._routed.append(Routed(sink, topic, message_id, entry))
             # Destination first: the demo cuts long lines, and the message is the least interesting part.

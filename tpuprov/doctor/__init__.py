@@ -1,0 +1,1 @@
+"""``tpuprov doctor``: check a deployment as deployed (ports: ``views``; checks: ``checks``)."""
