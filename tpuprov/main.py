@@ -1,4 +1,4 @@
-"""``tpuprov``: the command line (plan, catalog, decode, publish, kueue, status, why, sandbox, bench).
+"""``tpuprov``: the command line (plan, catalog, decode, publish, kueue, status, why, doctor, sandbox, bench).
 
 Each subcommand lives in its own ``tpuprov/commands/*.py`` module exposing ``register(subparsers)``.
 Those modules are light at import time: the sandbox, the benchmark and the Pub/Sub client are
@@ -12,13 +12,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tpuprov.commands import bench, catalog, decode, kueue, plan, publish, sandbox, status, why
+from tpuprov.commands import bench, catalog, decode, doctor, kueue, plan, publish, sandbox, status, why
 
 # What a shell reports for a process SIGPIPE ended (`yes | head`): 128 + signal 13.
 EXIT_BROKEN_PIPE = 141
 
 # Order is the order of `tpuprov --help`.
-SUBCOMMANDS = (plan, catalog, decode, publish, kueue, status, why, sandbox, bench)
+SUBCOMMANDS = (plan, catalog, decode, publish, kueue, status, why, doctor, sandbox, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,429 @@
+"""``tpuprov doctor``'s pure checks and the production adapter's parsing: whole-object table tests.
+
+Each case is the views one deployment yields and the exact ``Check`` lines doctor prints for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from google.cloud.logging_v2.types import LogSink
+from google.iam.v1 import policy_pb2
+from google.pubsub_v1.types import Subscription
+
+from shared.tpu.nodepools import ClusterInfo
+from tpuprov.doctor.checks import (
+    APPLY,
+    Check,
+    check_addon,
+    check_apis,
+    check_reach,
+    check_release_channel,
+    check_role,
+    check_sinks,
+    check_wiring,
+)
+from tpuprov.doctor.google import enabled_names, role_view, sink_view
+from tpuprov.doctor.readers import publishers_in, subscription_view
+from tpuprov.doctor.views import (
+    AddonView,
+    Expected,
+    ReachView,
+    RoleView,
+    SinkView,
+    SubscriptionView,
+    function_roles,
+)
+
+E = Expected("p")
+RELEASE = function_roles()["release"]
+ROLE = "projects/p/roles/tpuprov_release"
+SA = "tpuprov-release@p.iam.gserviceaccount.com"
+WRITER = "serviceAccount:service-1@gcp-sa-logging.iam.gserviceaccount.com"
+
+
+def test_the_packaged_roles_are_infra_roles_json() -> None:
+    import json
+    from pathlib import Path
+
+    infra = json.loads((Path(__file__).parents[2] / "infra" / "roles.json").read_text())
+    assert function_roles() == {f: tuple(p) for f, p in infra.items()}
+
+
+@pytest.mark.parametrize(
+    ("expected", "enabled", "failing"),
+    [
+        (E, {"container", "compute", "run", "pubsub", "logging"}, []),
+        (E, {"container", "run", "pubsub", "logging"}, ["compute"]),
+        (
+            dataclasses.replace(E, delivery="eventarc"),
+            {"container", "compute", "run", "pubsub", "logging"},
+            ["eventarc"],
+        ),
+    ],
+    ids=["all", "compute-off", "eventarc-delivery-needs-eventarc"],
+)
+def test_apis(expected: Expected, enabled: set[str], failing: list[str]) -> None:
+    checks = check_apis(expected, frozenset(f"{s}.googleapis.com" for s in enabled))
+    assert [c.name for c in checks if not c.ok] == [f"api {s}.googleapis.com" for s in failing]
+    for s in failing:
+        assert (
+            Check(
+                f"api {s}.googleapis.com",
+                False,
+                f"disabled: gcloud services enable {s}.googleapis.com --project p",
+            )
+            in checks
+        )
+
+
+@pytest.mark.parametrize(
+    ("view", "want"),
+    [
+        (
+            RoleView("release", ROLE, True, frozenset(RELEASE), True),
+            Check(
+                "role release", True, f"{ROLE} holds exactly the {len(RELEASE)} permissions its code calls"
+            ),
+        ),
+        (
+            RoleView("release", ROLE, True, frozenset(RELEASE) - {"container.nodes.update"}, True),
+            Check(
+                "role release",
+                False,
+                f"{ROLE} lacks container.nodes.update, which its code calls (infra/roles.json lists it): "
+                f"{APPLY} to update the role",
+            ),
+        ),
+        (
+            RoleView("release", ROLE, True, frozenset(RELEASE) | {"container.nodePools.create"}, True),
+            Check(
+                "role release",
+                False,
+                f"{ROLE} also holds container.nodePools.create, which no code path "
+                f"calls: {APPLY} to drop them",
+            ),
+        ),
+        (
+            RoleView("release", ROLE, False, frozenset(), True),
+            Check("role release", False, f"{ROLE} does not exist (or is deleted): {APPLY}"),
+        ),
+        (
+            RoleView("release", ROLE, True, frozenset(RELEASE), False),
+            Check("role release", False, f"{ROLE} is not granted to {SA}: {APPLY}"),
+        ),
+        (
+            RoleView("setup_cluster", "roles/container.admin", True, frozenset(), True),
+            Check(
+                "role setup_cluster",
+                True,
+                "roles/container.admin granted to tpuprov-setup@p.iam.gserviceaccount.com",
+            ),
+        ),
+    ],
+    ids=["exact", "missing", "extra", "no-role", "unbound", "setup-predefined"],
+)
+def test_role(view: RoleView, want: Check) -> None:
+    assert check_role(E, view) == want
+
+
+def _healthy_subscriptions() -> list[SubscriptionView]:
+    subs = []
+    for w in E.functions:
+        subs.append(
+            SubscriptionView(
+                w.subscription(),
+                w.topic(),
+                f"https://{E.service(w.function)}-x.a.run.app/projects/p/topics/{w.topic()}",
+                w.dead_letter_topic(),
+                10,
+            )
+        )
+        subs.append(SubscriptionView(w.dead_letter_subscription(), w.dead_letter_topic(), "", "", 0))
+    return subs
+
+
+TOPICS = frozenset(t for w in E.functions for t in (w.topic(), w.dead_letter_topic()))
+URLS = {w.function: f"https://{E.service(w.function)}-x.a.run.app" for w in E.functions}
+
+
+def _release_line(
+    subs: list[SubscriptionView], topics: frozenset[str] = TOPICS, urls: dict[str, str] = URLS
+) -> Check:
+    return next(c for c in check_wiring(E, topics, subs, urls) if c.name == "pubsub release")
+
+
+def _replace(subs: list[SubscriptionView], name: str, **changes: Any) -> list[SubscriptionView]:
+    return [dataclasses.replace(s, **changes) if s.name == name else s for s in subs]
+
+
+def test_wiring_of_a_healthy_deployment() -> None:
+    checks = check_wiring(E, TOPICS, _healthy_subscriptions(), URLS)
+    assert all(c.ok for c in checks) and len(checks) == 5
+    assert _release_line(_healthy_subscriptions()) == Check(
+        "pubsub release",
+        True,
+        "tpuprov-jobset-lifecycle -> tpuprov-release-push -> tpuprov-release; dead letters to "
+        "tpuprov-jobset-lifecycle-dead-letter after 10 attempts, kept in "
+        "tpuprov-jobset-lifecycle-dead-letter-pull",
+    )
+
+
+@pytest.mark.parametrize(
+    ("subs", "topics", "urls", "detail"),
+    [
+        (
+            [s for s in _healthy_subscriptions() if s.name != "tpuprov-release-push"],
+            TOPICS,
+            URLS,
+            f"subscription tpuprov-release-push does not exist: {APPLY}",
+        ),
+        (
+            _replace(_healthy_subscriptions(), "tpuprov-release-push", dead_letter_topic=""),
+            TOPICS,
+            URLS,
+            "tpuprov-release-push has no dead-letter policy: failed messages are redelivered forever; "
+            f"{APPLY}",
+        ),
+        (
+            _replace(_healthy_subscriptions(), "tpuprov-release-push", dead_letter_topic="other"),
+            TOPICS,
+            URLS,
+            f"tpuprov-release-push dead-letters to other, not tpuprov-jobset-lifecycle-dead-letter: {APPLY}",
+        ),
+        (
+            _replace(_healthy_subscriptions(), "tpuprov-release-push", push_endpoint="https://old.example/x"),
+            TOPICS,
+            URLS,
+            "tpuprov-release-push pushes to https://old.example/x, not to tpuprov-release "
+            f"(https://tpuprov-release-x.a.run.app/projects/p/topics/tpuprov-jobset-lifecycle): {APPLY}",
+        ),
+        (
+            _healthy_subscriptions(),
+            TOPICS - {"tpuprov-jobset-lifecycle-dead-letter"},
+            URLS,
+            f"topic tpuprov-jobset-lifecycle-dead-letter does not exist: {APPLY}",
+        ),
+        (
+            _healthy_subscriptions(),
+            TOPICS,
+            {**URLS, "release": ""},
+            f"Cloud Run service tpuprov-release not found: {APPLY}",
+        ),
+        (
+            [s for s in _healthy_subscriptions() if s.name != "tpuprov-jobset-lifecycle-dead-letter-pull"],
+            TOPICS,
+            URLS,
+            "subscription tpuprov-jobset-lifecycle-dead-letter-pull does not exist, so dead letters are "
+            f"dropped: {APPLY}",
+        ),
+    ],
+    ids=[
+        "no-subscription",
+        "no-dead-letter",
+        "wrong-dead-letter",
+        "pushes-elsewhere",
+        "no-dlq-topic",
+        "no-service",
+        "no-keeper",
+    ],
+)
+def test_wiring_faults(
+    subs: list[SubscriptionView], topics: frozenset[str], urls: dict[str, str], detail: str
+) -> None:
+    assert _release_line(subs, topics, urls) == Check("pubsub release", False, detail)
+
+
+def test_eventarc_delivery_finds_the_trigger_subscription_by_its_push_target() -> None:
+    e = dataclasses.replace(E, delivery="eventarc")
+    subs = [
+        dataclasses.replace(s, name=f"eventarc-us-central1-{s.name}") if s.name.endswith("-push") else s
+        for s in _healthy_subscriptions()
+    ]
+    assert all(c.ok for c in check_wiring(e, TOPICS, subs, URLS))
+
+
+SINK = "tpuprov-jobset-lifecycle"
+
+
+@pytest.mark.parametrize(
+    ("sinks", "publishers", "want"),
+    [
+        (
+            [SinkView(SINK, "tpuprov-jobset-lifecycle", WRITER)],
+            {"tpuprov-jobset-lifecycle": frozenset({WRITER})},
+            Check(
+                f"sink {SINK}",
+                True,
+                f"-> tpuprov-jobset-lifecycle; {WRITER} may publish (roles/pubsub.publisher)",
+            ),
+        ),
+        (
+            [SinkView(SINK, "tpuprov-jobset-lifecycle", WRITER)],
+            {"tpuprov-jobset-lifecycle": frozenset()},
+            Check(
+                f"sink {SINK}",
+                False,
+                f"its writer identity {WRITER} cannot publish to tpuprov-jobset-lifecycle, so the sink "
+                "exports nothing: gcloud pubsub topics add-iam-policy-binding tpuprov-jobset-lifecycle "
+                f"--project p --member={WRITER} --role=roles/pubsub.publisher (or {APPLY})",
+            ),
+        ),
+        ([], {}, Check(f"sink {SINK}", False, f"does not exist: {APPLY}")),
+        (
+            [SinkView(SINK, "", WRITER)],
+            {},
+            Check(f"sink {SINK}", False, f"exports to (not a topic), not tpuprov-jobset-lifecycle: {APPLY}"),
+        ),
+    ],
+    ids=["granted", "grant-missing", "no-sink", "not-pubsub"],
+)
+def test_sinks(sinks: list[SinkView], publishers: dict[str, frozenset[str]], want: Check) -> None:
+    assert next(c for c in check_sinks(E, sinks, publishers) if c.name == want.name) == want
+
+
+@pytest.mark.parametrize(
+    ("view", "pinned", "want"),
+    [
+        (
+            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.19.2", True),
+            "v0.19.2",
+            Check("kueue", True, "v0.19.2 (pinned), kueue-system/kueue-controller-manager Available"),
+        ),
+        (
+            AddonView("kueue", "kueue-system/kueue-controller-manager", False, "", False),
+            "v0.19.2",
+            Check(
+                "kueue",
+                False,
+                "not installed (no Deployment kueue-system/kueue-controller-manager): publish the "
+                "setup message (tpuprov publish setup --wait 600)",
+            ),
+        ),
+        (
+            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.18.0", True),
+            "v0.19.2",
+            Check(
+                "kueue",
+                False,
+                "v0.18.0 runs, pinned v0.19.2: publish the setup message (tpuprov publish setup --wait 600)",
+            ),
+        ),
+        (
+            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.20.0", True),
+            "v0.19.2",
+            Check(
+                "kueue",
+                False,
+                "v0.20.0 runs, newer than the pinned v0.19.2, and setup leaves it alone: set the "
+                "infra variable kueue_version to v0.20.0, or reinstall v0.19.2",
+            ),
+        ),
+        (
+            AddonView("jobset", "jobset-system/jobset-controller-manager", True, "v0.10.1", False),
+            "v0.10.1",
+            Check(
+                "jobset",
+                False,
+                "v0.10.1 installed but jobset-system/jobset-controller-manager is not Available: "
+                "kubectl describe deployment -n jobset-system jobset-controller-manager",
+            ),
+        ),
+    ],
+    ids=["ok", "absent", "older", "newer", "unavailable"],
+)
+def test_addon(view: AddonView, pinned: str, want: Check) -> None:
+    assert check_addon(view, pinned) == want
+
+
+def test_reach() -> None:
+    assert check_reach(ReachView("provision", "dns gke-1.us-east5.gke.goog", "")) == Check(
+        "cluster reachable", True, "as provision through the dns gke-1.us-east5.gke.goog endpoint"
+    )
+    assert check_reach(
+        ReachView("provision", "", "cluster c offers no usable control-plane endpoint")
+    ) == Check("cluster reachable", False, "as provision: cluster c offers no usable control-plane endpoint")
+
+
+def test_release_channel_says_what_it_means_for_pools() -> None:
+    enrolled = check_release_channel(ClusterInfo("c", "l", "", "", release_channel="REGULAR"))
+    assert enrolled.ok and enrolled.detail.startswith("REGULAR: GKE requires auto-upgrade on its node pools")
+    assert "no_minor_or_node_upgrades" in enrolled.detail
+    none = check_release_channel(ClusterInfo("c", "l", "", ""))
+    assert none.ok and none.detail.startswith("none: pools are created with auto-upgrade off")
+
+
+# -- the production adapter's parsing of Google's answers -----------------------------------------
+
+
+def test_service_usage_page() -> None:
+    page = {
+        "services": [
+            {
+                "name": "projects/123/services/container.googleapis.com",
+                "config": {"name": "container.googleapis.com"},
+                "state": "ENABLED",
+            },
+            {"name": "projects/123/services/pubsub.googleapis.com", "state": "ENABLED"},
+        ],
+        "nextPageToken": "x",
+    }
+    assert enabled_names(page) == ["container.googleapis.com", "pubsub.googleapis.com"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "policy", "want"),
+    [
+        (
+            {"name": ROLE, "includedPermissions": ["a", "b"]},
+            {"bindings": [{"role": ROLE, "members": [f"serviceAccount:{SA}"]}]},
+            RoleView("release", ROLE, True, frozenset({"a", "b"}), True),
+        ),
+        (
+            {"name": ROLE, "includedPermissions": ["a"], "deleted": True},
+            {"bindings": []},
+            RoleView("release", ROLE, False, frozenset({"a"}), False),
+        ),
+        (
+            None,
+            {"bindings": [{"role": ROLE, "members": ["user:x@example.com"]}]},
+            RoleView("release", ROLE, False, frozenset(), False),
+        ),
+    ],
+    ids=["bound", "deleted", "absent"],
+)
+def test_role_view(answer: dict[str, Any] | None, policy: dict[str, Any], want: RoleView) -> None:
+    assert role_view("release", ROLE, answer, policy, f"serviceAccount:{SA}") == want
+
+
+def test_sink_and_subscription_and_policy_protos() -> None:
+    sink = LogSink(
+        name=SINK,
+        destination="pubsub.googleapis.com/projects/p/topics/tpuprov-jobset-lifecycle",
+        writer_identity=WRITER,
+    )
+    assert sink_view(sink) == SinkView(SINK, "tpuprov-jobset-lifecycle", WRITER)
+    bucket = LogSink(name="b", destination="logging.googleapis.com/projects/p/locations/global/buckets/b")
+    assert sink_view(bucket).topic == ""
+    sub = Subscription(
+        name="projects/p/subscriptions/tpuprov-release-push",
+        topic="projects/p/topics/tpuprov-jobset-lifecycle",
+        push_config={"push_endpoint": "https://r/projects/p/topics/tpuprov-jobset-lifecycle"},
+        dead_letter_policy={"dead_letter_topic": "projects/p/topics/d", "max_delivery_attempts": 10},
+    )
+    assert subscription_view(sub) == SubscriptionView(
+        "tpuprov-release-push",
+        "tpuprov-jobset-lifecycle",
+        "https://r/projects/p/topics/tpuprov-jobset-lifecycle",
+        "d",
+        10,
+    )
+    policy = policy_pb2.Policy(
+        bindings=[
+            policy_pb2.Binding(role="roles/pubsub.publisher", members=[WRITER]),
+            policy_pb2.Binding(role="roles/pubsub.viewer", members=["user:x"]),
+        ]
+    )
+    assert publishers_in(policy) == frozenset({WRITER})
