@@ -118,6 +118,8 @@ class Releaser:
             self._jobset(jobsets, *_key(pool))
         now = datetime.datetime.now(tz=datetime.UTC)
         verdicts = [(p, judge(p, jobsets[_key(p)], self.settings, now)) for p in pools]
+        # Another JobSet's pool whose owner still needs it is none of this release's business.
+        verdicts = [(p, v) for p, v in verdicts if v.delete or p.name not in ran_on]
         outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
