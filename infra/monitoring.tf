@@ -76,9 +76,10 @@ locals {
       value_extractor = ""
       labels          = {}
     }
-    # A pool a live JobSet runs on is adopted by it (relabelled) instead of deleted under it.
+    # A pool a live JobSet runs on is adopted by it (relabelled) instead of deleted under it; a pool
+    # kept idle for a queued JobSet is adopted by that JobSet at the latest at its own release.
     pools_handed_over = {
-      description     = "Node pools handed over to the JobSet running on them instead of deleted (release.adopted)."
+      description     = "Node pools handed over to the JobSet running on them, or that ran on them last (release.adopted)."
       filter          = "jsonPayload.event=\"release.adopted\""
       value_type      = "INT64"
       value_extractor = ""
