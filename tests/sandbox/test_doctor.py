@@ -20,11 +20,14 @@ import pytest
 from sandbox.stack.config import ALL_FUNCTIONS
 from sandbox.stack.core import Stack
 from sandbox.stack.pubsub import TOPIC_PREFIX, wiring
-from sandbox.testing.stack import FAST
+from sandbox.testing.stack import FAST, exclusive_tpu_jobset, submit, wait_finished, wait_released
 from shared.setup.manifests import JOBSET, KUEUE
+from tpuprov.commands import why
+from tpuprov.denials import DecisionDenials
 from tpuprov.doctor.run import diagnose, document, exit_code, render_table
 from tpuprov.doctor.sandbox import StackDeployment
 from tpuprov.doctor.views import Expected
+from tpuprov.main import build_parser
 
 pytestmark = [pytest.mark.integration]
 
@@ -98,6 +101,29 @@ def test_a_sink_that_cannot_publish_is_named_and_exports_nothing(stack: Stack) -
     _golden("doctor-missing-sink-grant.txt", text)
     assert code == 1
     assert ("jobset-lifecycle", topic) in stack.router.export_failures
+
+
+def test_why_names_the_permission_a_role_lacks(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stack.iam.revoke("release", "container.nodes.update")  # release cannot cordon, so cannot delete
+    try:
+        submit(stack, exclusive_tpu_jobset("denied", replicas=1, topology="2x2"))
+        assert wait_finished(stack, "denied") == "Completed"
+        stack.wait_for(lambda: stack.decisions("permission.denied", function="release"), 30, "the denial")
+        for name, value in stack.env().items():
+            monkeypatch.setenv(name, value)
+        args = build_parser().parse_args(["why", "--jobset", "default/denied"])
+        assert why.run(args, denial_log=DecisionDenials(stack.decisions())) == 0
+    finally:
+        stack.iam.grant(stack.iam.principal_of("release"), ["container.nodes.update"])
+    out = capsys.readouterr().out
+    assert out.startswith("Pod default/denied-")
+    assert (
+        "Deployment error: The release function's role lacks container.nodes.update: add it to "
+        "infra/roles.json and apply infra/."
+    ) in out
+    wait_released(stack, "denied", timeout=60)  # redelivered once the grant is back
 
 
 def test_an_uninstalled_kueue_is_named_with_the_fix(stack: Stack) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -23,8 +24,34 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the explanation; exit 2 when the target is malformed or missing."""
+def _denial_log(settings: Any) -> Any:
+    """Production reads the functions' permission.denied lines from Cloud Logging; against emulators
+    there is no Cloud Logging (the sandbox's tests pass the stack's own lines)."""
+    from tpuprov.denials import CloudLoggingDenials
+
+    if settings.gke_api_endpoint or settings.kube_api_endpoint:
+        return None
+    return CloudLoggingDenials(settings.project_id, os.environ.get("TOPIC_PREFIX") or "tpuprov")
+
+
+def _denials(log: Any) -> str:
+    from shared.core.errors import TpuProvError
+    from tpuprov.denials import sentence
+
+    if log is None:
+        return ""
+    try:
+        return sentence(log.denials())
+    except TpuProvError as exc:
+        print(f"tpuprov why: {exc.why}", file=sys.stderr)  # the explanation stands without it
+        return ""
+
+
+def run(args: argparse.Namespace, denial_log: Any = None) -> int:
+    """Print the explanation; exit 2 when the target is malformed or missing.
+
+    ``denial_log`` (a ``tpuprov.denials.DenialLog``) replaces the default source of the functions'
+    permission denials."""
     from shared.core import labels
     from shared.core.errors import NotFoundError, TpuProvError
     from tpuprov import output
@@ -77,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
     except TpuProvError as exc:
         print(f"tpuprov why: {exc.why}", file=sys.stderr)
         return 2
+    # A role missing a permission blocks every JobSet: said after each explanation until fixed.
+    denied = _denials(denial_log if denial_log is not None else _denial_log(settings))
+    if denied:
+        said = [(pod_name, f"{text} {denied}") for pod_name, text in said]
     doc = [{"pod": pod_name, "explanation": text} for pod_name, text in said]
     output.emit(args.output, doc, lambda: "".join(f"{text}\n" for _, text in said))
     return 0
