@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,8 @@ def pools_named(stack: Stack, jobset: str) -> set[str]:
 def test_every_pool_is_deleted_by_the_release_of_the_jobset_that_ran_on_it_last(
     stack: Stack, timeline_on_failure: None
 ) -> None:
+    updated: list[dict[str, Any]] = []  # each pool as GKE holds it once an UpdateNodePool is done
+    stack.gke.on_pool_updated(lambda cluster, pool: updated.append(pool))
     apply_kueue(stack, timeout=30)  # the packaged default: 24 chips of v5e 2x4 in multislice-queue
     with PoolWatch(stack) as watch:
         for name, slices, seconds in RUNS[:2]:
@@ -115,6 +118,16 @@ def test_every_pool_is_deleted_by_the_release_of_the_jobset_that_ran_on_it_last(
     assert described() == {name: set() for name in names}
     adopted = _adopted(stack, last)
     assert set(handed) <= adopted, (handed, adopted)
+    # Every relabel that named a new owner moved the billing label to it in the same operation.
+    owners = [
+        (
+            pool["config"]["labels"].get(labels.OWNER_NAME),
+            (pool["config"].get("resourceLabels") or {}).get(labels.RESOURCE_LABEL_JOBSET),
+        )
+        for pool in updated
+        if labels.HANDED_OVER_FROM in pool["config"]["labels"]
+    ]
+    assert all(node == billing for node, billing in owners), owners
 
 
 def _adopted(stack: Stack, jobset: str) -> set[str]:
