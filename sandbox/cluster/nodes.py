@@ -79,7 +79,9 @@ def node_objects(
         **_reservation_labels(config.get("reservationAffinity") or {}),
         **{str(k): str(v) for k, v in (config.get("labels") or {}).items()},
     }
-    capacity = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    # The kubelet's pod capacity is the pool's max pods per node (GKE's default: 110).
+    max_pods = str((pool.get("maxPodsConstraint") or {}).get("maxPodsPerNode") or 110)
+    capacity = {"cpu": "4", "memory": "16Gi", "pods": max_pods}
     accelerator = catalog.accelerator_for_machine_type(machine_type)
     chips = catalog.machine_type_chips(machine_type) or 0
     if accelerator:
@@ -90,7 +92,7 @@ def node_objects(
         node_labels[labels.TPU_ACCELERATOR] = accelerator
         node_labels[labels.ACCELERATOR_COUNT] = str(chips)
         node_labels[labels.TPU_TOPOLOGY] = topology or single_host_topology(accelerator, chips)
-        capacity = {"cpu": "180", "memory": "720Gi", "pods": "110", labels.TPU_RESOURCE: str(chips)}
+        capacity = {"cpu": "180", "memory": "720Gi", "pods": max_pods, labels.TPU_RESOURCE: str(chips)}
         if config.get("spot"):
             node_labels[labels.SPOT] = "true"
         if config.get("flexStart"):

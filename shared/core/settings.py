@@ -81,10 +81,17 @@ class Settings:
     node_locations: tuple[str, ...] = ()  # zone(s) for TPU pools; default: the cluster's zone
     node_service_account: str = ""
     oauth_scopes: tuple[str, ...] = DEFAULT_SCOPES
-    max_pods_per_node: int = 0  # 0 = GKE default
+    # A TPU VM runs one workload pod plus the node's system pods, so GKE's default of 110 (a /24 of
+    # the Pod range per node) wastes pod IP space; 16 gets a /27 (GKE "Configure maximum Pods per
+    # node"). 0 = GKE's default (needed on routes-based clusters, which refuse the setting).
+    max_pods_per_node: int = 16
     disk_size_gb: int = 100
     disk_type: str = ""  # "" = the machine family's default boot disk (catalog.boot_disk_types)
     network_tags: tuple[str, ...] = ()
+    # Pod labels copied to the node labels of its pool (cost and monitoring): exact keys, or
+    # prefixes ending in "/" (e.g. "team,example.com/"). Keys GKE refuses as node labels are refused
+    # at startup; a pod's selectors win over a copied label of the same key.
+    copy_pod_labels: tuple[str, ...] = ()
     # Named workload policy for multi-host tpu7x slices ("{topology}" -> e.g. 2-2-2). Empty: the
     # product creates one per topology itself (shared.provisioning.policies); set, it creates none.
     tpu7x_workload_policy: str = ""
@@ -95,6 +102,9 @@ class Settings:
     max_chips_per_slice: int = 4096
     chip_budget: int = 0  # total chips over all managed pools; 0 = unlimited
     drain: bool = False  # true: never create, only clean up
+    # true: every slice gets on-demand VMs whatever capacity policy applies; pods that select Spot,
+    # flex-start or a reservation are refused (they could never land on on-demand nodes).
+    force_on_demand: bool = False
 
     # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
     # operations per cluster at once and answers 429/400 beyond it; creates of one replicated job
@@ -153,6 +163,21 @@ class Settings:
             raise InvalidInputError(
                 f"setting STOCKOUT_BACKOFF_MAX_SECONDS={self.stockout_backoff_max_seconds} must be >= "
                 f"STOCKOUT_BACKOFF_SECONDS={self.stockout_backoff_seconds}"
+            )
+        for entry in self.copy_pod_labels:
+            # The product's ownership keys, and GKE's and Kubernetes' domains (GKE refuses those as
+            # node labels; shared.tpu.selectors holds the rule), cannot be copied.
+            domain = entry.split("/", 1)[0] if "/" in entry else ""
+            reserved = domain in ("cloud.google.com", "tpuprov.dev") or any(
+                domain == d or domain.endswith(f".{d}") for d in ("kubernetes.io", "k8s.io")
+            )
+            if reserved:
+                raise InvalidInputError(
+                    f"setting COPY_POD_LABELS entry {entry!r}: keys under {domain}/ cannot be node labels"
+                )
+        if self.max_pods_per_node and not 8 <= self.max_pods_per_node <= 256:
+            raise InvalidInputError(
+                f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"
             )
         for name in ("create_concurrency", "request_deadline_seconds", "kube_list_page_size"):
             if getattr(self, name) < 1:

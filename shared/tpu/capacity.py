@@ -23,6 +23,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
+from shared.core.errors import Refused
 from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec, Reservation
 
 ON_DEMAND = "on-demand"
@@ -136,6 +137,17 @@ def options(
     return (CapacityOption(demand.kind or ON_DEMAND, default_zone, demand.reservation),)
 
 
+def force_on_demand(demand: Demand) -> None:
+    """FORCE_ON_DEMAND is on: Refused when the pod selects other capacity than on-demand, because its
+    pods could never land on the on-demand nodes the switch allows."""
+    if demand.kind:
+        what = demand.kind if demand.kind != RESERVATION else "reservation"
+        raise Refused(
+            f"FORCE_ON_DEMAND is on: every slice gets on-demand VMs, and this pod selects {what} capacity, "
+            "whose labels on-demand nodes never carry; remove that selector or turn FORCE_ON_DEMAND off"
+        )
+
+
 def _key(spot: bool, reservation: str, flex_start: bool, locations: Sequence[str]) -> str:
     if reservation:
         head = f"{RESERVATION}:{reservation}"
@@ -182,6 +194,7 @@ __all__ = [
     "CapacityOption",
     "Demand",
     "after",
+    "force_on_demand",
     "key_of_pool",
     "key_of_spec",
     "options",

@@ -140,6 +140,15 @@ def product_labels(selected: Mapping[str, str]) -> dict[str, str]:
     return chosen
 
 
+def copied_labels(wanted: tuple[str, ...], pod_labels: Mapping[str, str]) -> dict[str, str]:
+    """The pod labels COPY_POD_LABELS names (exact keys, or prefixes ending in "/"), for node labels."""
+    return {
+        k: v
+        for k, v in sorted(pod_labels.items())
+        if k in wanted or any(p.endswith("/") and k.startswith(p) for p in wanted)
+    }
+
+
 def _reservation_labels(value: str) -> dict[str, str]:
     # A shared reservation is projects/P/reservations/NAME: its nodes name both parts.
     if value.startswith("projects/"):

@@ -39,6 +39,7 @@ class SliceRequest:
     flex_start: bool = False  # the pod selects cloud.google.com/gke-flex-start=true
     # Every selector of the pod (shared.tpu.selectors checks the pool's nodes can match each one).
     selected: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for COPY_POD_LABELS
 
     @property
     def demand(self) -> capacity.Demand:
@@ -200,6 +201,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         zone=selected.get(labels.ZONE, "").strip(),
         flex_start=flex_start,
         selected=selected,
+        pod_labels={str(k): str(v) for k, v in pod_labels.items()},
     )
 
 
@@ -286,6 +288,10 @@ def slice_options(
     Never empty. Zones named by the policy must belong to the cluster (or NODE_LOCATIONS): a pool
     in another zone could not be created, so such a policy is refused rather than tried.
     """
+    if settings.force_on_demand:
+        capacity.force_on_demand(demand)
+        # The operator's switch wins over every policy: only its on-demand entries (zones) remain.
+        policy = tuple(o for o in policy if o.kind == capacity.ON_DEMAND)
     choices = capacity.options(policy, demand, _default_zone(settings, demand.zone, cluster))
     allowed = set(settings.node_locations) | set(cluster.locations if cluster else ())
     for option in choices:
@@ -351,6 +357,8 @@ def build_node_pool(
             )
 
     if option is None:
+        if settings.force_on_demand:
+            capacity.force_on_demand(request.demand)
         option = capacity.options((), request.demand, choose_zone(settings, request, cluster))[0]
     flex_start = option.kind == capacity.FLEX_START
     if flex_start and shape.generation not in FLEX_START_GENERATIONS:
@@ -358,7 +366,9 @@ def build_node_pool(
             f"flex-start capacity is not offered for {shape.generation} TPUs "
             f"(only {', '.join(FLEX_START_GENERATIONS)})"
         )
-    node_labels = {**request.extra_labels, **ownership_labels(request.slice_id)}
+    # Copied pod labels first: a selector of the same key must win, or the pod could not land.
+    copied = selectors.copied_labels(settings.copy_pod_labels, request.pod_labels)
+    node_labels = {**copied, **request.extra_labels, **ownership_labels(request.slice_id)}
     resource_labels = {
         labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
         labels.RESOURCE_LABEL_JOBSET: request.slice_id.jobset[:63].replace(".", "-"),

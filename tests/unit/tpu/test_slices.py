@@ -207,6 +207,7 @@ def test_slice_request_whole_object():
             labels.SPOT: "true",
             "team": "x",
         },
+        pod_labels=pod["metadata"]["labels"],
     )
 
 

@@ -1,0 +1,121 @@
+"""Operator settings of issue 20: FORCE_ON_DEMAND, COPY_POD_LABELS and the TPU MAX_PODS_PER_NODE default."""
+
+import re
+
+import pytest
+
+from sandbox.testing.builders import tpu_jobset
+from shared.core import labels
+from shared.core.errors import InvalidInputError, Refused
+from shared.core.settings import Settings
+from shared.tpu import capacity
+from shared.tpu.jobsets import expand_pods
+from shared.tpu.slices import build_node_pool, slice_options, slice_request
+
+BASE = {"PROJECT_ID": "p", "LOCATION": "us-east5-b", "CLUSTER_NAME": "c"}
+
+
+def settings(**env: str) -> Settings:
+    return Settings.from_env({**BASE, **env})
+
+
+def pod(selectors=None, pod_labels=None):
+    jobset = tpu_jobset("train", "team-a", uid="u-1", replicas=1, topology="2x4", selectors=selectors)
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"].setdefault("labels", {}).update(pod_labels or {})
+    return expand_pods(jobset)[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "field", "value"),
+    [
+        ({}, "max_pods_per_node", 16),
+        ({"MAX_PODS_PER_NODE": "0"}, "max_pods_per_node", 0),
+        ({"MAX_PODS_PER_NODE": "32"}, "max_pods_per_node", 32),
+        ({}, "force_on_demand", False),
+        ({"FORCE_ON_DEMAND": "true"}, "force_on_demand", True),
+        ({}, "copy_pod_labels", ()),
+        ({"COPY_POD_LABELS": "team, example.com/"}, "copy_pod_labels", ("team", "example.com/")),
+    ],
+)
+def test_settings_parse(env, field, value):
+    assert getattr(settings(**env), field) == value
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"MAX_PODS_PER_NODE": "4"}, "MAX_PODS_PER_NODE=4 must be 0 (GKE's default) or 8..256"),
+        ({"MAX_PODS_PER_NODE": "300"}, "must be 0 (GKE's default) or 8..256"),
+        ({"FORCE_ON_DEMAND": "maybe"}, "FORCE_ON_DEMAND='maybe' is not a boolean"),
+        ({"COPY_POD_LABELS": "app.kubernetes.io/"}, "keys under app.kubernetes.io/ cannot be node labels"),
+        ({"COPY_POD_LABELS": "cloud.google.com/x"}, "keys under cloud.google.com/ cannot be node labels"),
+        ({"COPY_POD_LABELS": "tpuprov.dev/"}, "keys under tpuprov.dev/ cannot be node labels"),
+    ],
+)
+def test_bad_settings_stop_the_service_with_the_reason(env, why):
+    with pytest.raises(InvalidInputError, match=re.escape(why)):
+        settings(**env)
+
+
+def test_the_pool_gets_the_tpu_max_pods_default():
+    spec, _ = build_node_pool(settings(), slice_request(pod()))
+    assert spec.max_pods_per_node == 16
+
+
+# FORCE_ON_DEMAND: (pod selectors, policy) -> the capacity options, or the refusal.
+FORCED = [
+    pytest.param({}, "", ("on-demand@us-east5-b",), id="no-selection"),
+    pytest.param(
+        {}, "spot, on-demand@us-east5-c", ("on-demand@us-east5-c",), id="policy-keeps-on-demand-only"
+    ),
+    pytest.param({}, "spot, flex-start", ("on-demand@us-east5-b",), id="policy-without-on-demand"),
+    pytest.param({labels.SPOT: "true"}, "", "this pod selects spot capacity", id="spot-pod-refused"),
+    pytest.param({labels.FLEX_START: "true"}, "", "selects flex-start capacity", id="flex-start-refused"),
+    pytest.param(
+        {labels.RESERVATION_NAME: "r"}, "", "selects reservation capacity", id="reservation-refused"
+    ),
+]
+
+
+@pytest.mark.parametrize(("selectors", "policy", "result"), FORCED)
+def test_force_on_demand(selectors, policy, result):
+    forced = settings(FORCE_ON_DEMAND="true", NODE_LOCATIONS="us-east5-b,us-east5-c")
+    request = slice_request(pod(selectors))
+    if isinstance(result, str):
+        with pytest.raises(Refused, match=result):
+            slice_options(forced, request.demand, capacity.parse_policy(policy))
+        with pytest.raises(Refused, match="FORCE_ON_DEMAND is on"):
+            build_node_pool(forced, request)
+        return
+    options = slice_options(forced, request.demand, capacity.parse_policy(policy))
+    assert tuple(o.key for o in options) == result
+    spec, _ = build_node_pool(forced, request, option=options[0])
+    assert (spec.spot, spec.flex_start, spec.reservation) == (False, False, None)
+
+
+def test_without_the_switch_the_policy_is_untouched():
+    request = slice_request(pod())
+    options = slice_options(settings(), request.demand, capacity.parse_policy("spot, on-demand"))
+    assert [o.key for o in options] == ["spot@us-east5-b", "on-demand@us-east5-b"]
+
+
+# COPY_POD_LABELS: pod labels + selectors -> the pool's node labels other than ownership.
+COPIED = [
+    pytest.param("team", {"team": "ml", "other": "x"}, {}, {"team": "ml"}, id="exact-key"),
+    pytest.param(
+        "example.com/",
+        {"example.com/cost": "c1", "example.com/owner": "o", "examplexcom/x": "n"},
+        {},
+        {"example.com/cost": "c1", "example.com/owner": "o"},
+        id="prefix",
+    ),
+    pytest.param("team", {"team": "ml"}, {"team": "infra"}, {"team": "infra"}, id="selector-wins"),
+    pytest.param("", {"team": "ml"}, {}, {}, id="unset-copies-nothing"),
+]
+
+
+@pytest.mark.parametrize(("setting", "pod_labels", "selectors", "node_labels"), COPIED)
+def test_copy_pod_labels(setting, pod_labels, selectors, node_labels):
+    spec, _ = build_node_pool(settings(COPY_POD_LABELS=setting), slice_request(pod(selectors, pod_labels)))
+    assert {k: v for k, v in spec.labels.items() if not k.startswith("tpuprov.dev/")} == node_labels
