@@ -325,13 +325,14 @@ class Releaser:
         outcome.adopted.append((pool, adopter))
         logs.decision(log, "release.adopted", f"{adopter.describe()} adopts {pool.name}: {why}", **fields)
         taker = jobsets.get((adopter.namespace, adopter.name))
-        tense = "run" if occupancy.is_live(taker) else "ran"  # a finished JobSet adopts at its release
+        running = occupancy.is_live(taker)  # else it is over: it adopts at its own release
+        tense = "run" if running else "ran"
         if taker is not None:
             self.kube.record_event(
                 jobset_ref(taker),
                 labels.REASON_ADOPTED,
                 f"adopted node pool {pool.name} (made for {_owner(pool)}): {adopter.pods} of its pods "
-                f"{tense} there; it is released when this JobSet ends",
+                + ("run there; it is released when this JobSet ends" if running else "ran there last"),
             )
         old = jobsets.get(
             (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))
