@@ -25,6 +25,8 @@ log = logs.get("release")
 STALE_CORDON_SECONDS = 120
 # Up to this many nodes a pool's occupancy is read node by node; beyond, in one cluster-wide list.
 PER_NODE_READS = 4
+# The Nodes of every pool the product made (GKE puts a pool's node labels on each of its Nodes).
+MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 
 def node_name(node: dict[str, Any]) -> str:
@@ -116,8 +118,7 @@ class PoolGuard:
 def stale_cordons(kube: KubeAPI, keep: set[str], now: datetime.datetime) -> dict[str, list[dict[str, Any]]]:
     """Nodes of managed pools in ``keep`` still cordoned by a crashed attempt, by pool name."""
     found: dict[str, list[dict[str, Any]]] = {}
-    selector = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
-    for node in kube.list_nodes(selector):
+    for node in kube.list_nodes(MANAGED_NODES):
         pool = str(((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL, ""))
         if pool in keep and cordoned_by_us(node) and cordon_age(node, now.timestamp()) > STALE_CORDON_SECONDS:
             found.setdefault(pool, []).append(node)

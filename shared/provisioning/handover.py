@@ -17,10 +17,9 @@ from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels
 from shared.core.errors import NotFoundError, TransientError
 from shared.core.settings import Settings
+from shared.provisioning.guard import MANAGED_NODES
 from shared.provisioning.releaser import JobSets, Releaser, is_managed, judge, owned_by
 from shared.tpu.jobsets import pod_jobset_value
-
-_MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 
 class Handover:
@@ -44,16 +43,13 @@ class Handover:
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         name = str(pod_jobset_value(pod, labels.JOBSET_NAME) or "")
         phase = (pod.get("status") or {}).get("phase")
-        opted_out = "true" in {
-            str((meta.get(kind) or {}).get(labels.OPT_OUT, "")).lower() for kind in ("labels", "annotations")
-        }
+        # Like release and reconcile, any live JobSet pod on the pool counts (an opted-out one too:
+        # opting out is about creating pools for it, and deleting one under it is never right).
         if not node or not name or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
-            return ""
-        if opted_out:
             return ""
         namespace = str(meta.get("namespace") or "default")
         uid = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
-        found = [n for n in self.kube.list_nodes(_MANAGED_NODES) if _name(n) == node]
+        found = [n for n in self.kube.list_nodes(MANAGED_NODES) if _name(n) == node]
         if not found:
             return ""  # not a node of a pool the product made
         node_labels = (found[0].get("metadata") or {}).get("labels") or {}

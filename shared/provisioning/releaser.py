@@ -29,12 +29,10 @@ from shared.core import labels, logs
 from shared.core.errors import NotFoundError, RejectedError, TransientError
 from shared.core.settings import Settings
 from shared.provisioning import occupancy
-from shared.provisioning.guard import PoolGuard
+from shared.provisioning.guard import MANAGED_NODES, PoolGuard
 from shared.provisioning.occupancy import Verdict
 from shared.provisioning.verdicts import idle_seconds, judge
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
-
-_MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 log = logs.get("release")
 
@@ -132,7 +130,7 @@ class Releaser:
         pods = self.kube.list_pods(namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
         if not any((pod.get("spec") or {}).get("nodeName") for pod in pods):
             return {}
-        ran = occupancy.last_runs(self.kube.list_nodes(_MANAGED_NODES), pods, namespace, name, uid)
+        ran = occupancy.last_runs(self.kube.list_nodes(MANAGED_NODES), pods, namespace, name, uid)
         mine = {p.name for p in own}
         others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
         return {pool: user for pool, user in ran.items() if pool in others}
