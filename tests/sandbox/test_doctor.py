@@ -28,6 +28,7 @@ from tpuprov.doctor.run import diagnose, document, exit_code, render_table
 from tpuprov.doctor.sandbox import StackDeployment
 from tpuprov.doctor.views import Expected
 from tpuprov.main import build_parser
+from tpuprov.output import dumps
 
 pytestmark = [pytest.mark.integration]
 
@@ -70,10 +71,11 @@ def test_a_healthy_deployment_passes_every_check(stack: Stack) -> None:
 def test_a_role_missing_a_permission_is_named_with_the_fix(stack: Stack) -> None:
     stack.iam.revoke("release", "container.nodes.update")
     try:
-        text, code, _ = _doctor(stack)
+        text, code, doc = _doctor(stack)
     finally:
         stack.iam.grant(stack.iam.principal_of("release"), ["container.nodes.update"])
     _golden("doctor-missing-permission.txt", text)
+    _golden("doctor-missing-permission.json", dumps(doc, "json"))
     assert code == 1
 
 

@@ -12,6 +12,7 @@ function gets, not what the operator gets. Nothing here writes.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import tempfile
 from collections.abc import Mapping
@@ -35,11 +36,17 @@ from tpuprov.doctor.views import (
     SubscriptionView,
 )
 
-SERVICE_USAGE = "https://serviceusage.googleapis.com/v1"
-IAM = "https://iam.googleapis.com/v1"
-RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com/v1"
-RUN = "https://run.googleapis.com/v2"
 PUBSUB_DESTINATION = "pubsub.googleapis.com/"
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiRoots:
+    """The REST roots the adapter calls (tests point them at a local fake speaking the same JSON)."""
+
+    service_usage: str = "https://serviceusage.googleapis.com/v1"
+    iam: str = "https://iam.googleapis.com/v1"
+    resource_manager: str = "https://cloudresourcemanager.googleapis.com/v1"
+    run: str = "https://run.googleapis.com/v2"
 
 
 # -- parsing the REST answers (pure; tests/unit/tpuprov/test_doctor_google.py) ---------------------
@@ -84,10 +91,13 @@ def sink_view(sink: Any) -> SinkView:
 class GoogleDeployment:
     """``Deployment`` over the deployed project and cluster."""
 
-    def __init__(self, settings: Settings, expected: Expected, region: str) -> None:
+    def __init__(
+        self, settings: Settings, expected: Expected, region: str, roots: ApiRoots = ApiRoots()
+    ) -> None:
         self.settings = settings
         self.expected = expected
         self.region = region
+        self.roots = roots
         self.project = settings.project_id
 
     @functools.cached_property
@@ -133,14 +143,16 @@ class GoogleDeployment:
 
     @functools.cached_property
     def _policy(self) -> dict[str, Any]:
-        return self._rest("POST", f"{RESOURCE_MANAGER}/projects/{self.project}:getIamPolicy", {}) or {}
+        url = f"{self.roots.resource_manager}/projects/{self.project}:getIamPolicy"
+        return self._rest("POST", url, {}) or {}
 
     def enabled_services(self) -> frozenset[str]:
         names: list[str] = []
         token = ""
         while True:
             query = f"filter=state:ENABLED&pageSize=200{f'&pageToken={token}' if token else ''}"
-            page = self._rest("GET", f"{SERVICE_USAGE}/projects/{self.project}/services?{query}") or {}
+            url = f"{self.roots.service_usage}/projects/{self.project}/services?{query}"
+            page = self._rest("GET", url) or {}
             names += enabled_names(page)
             token = str(page.get("nextPageToken") or "")
             if not token:
@@ -151,7 +163,7 @@ class GoogleDeployment:
         member = f"serviceAccount:{self.expected.service_account(function)}"
         if role == SETUP_ROLE:
             return role_view(function, role, {}, self._policy, member)
-        return role_view(function, role, self._rest("GET", f"{IAM}/{role}"), self._policy, member)
+        return role_view(function, role, self._rest("GET", f"{self.roots.iam}/{role}"), self._policy, member)
 
     def topics(self) -> frozenset[str]:
         return read_topics(self._pubsub[0], self.project)
@@ -161,7 +173,7 @@ class GoogleDeployment:
 
     def function_url(self, function: str) -> str:
         name = f"projects/{self.project}/locations/{self.region}/services/{self.expected.service(function)}"
-        return str((self._rest("GET", f"{RUN}/{name}") or {}).get("uri", ""))
+        return str((self._rest("GET", f"{self.roots.run}/{name}") or {}).get("uri", ""))
 
     def sinks(self) -> list[SinkView]:
         from google.cloud.logging_v2.services.config_service_v2 import ConfigServiceV2Client
