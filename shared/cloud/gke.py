@@ -72,6 +72,7 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         oauth_scopes=list(spec.oauth_scopes),
         disk_size_gb=spec.disk_size_gb,
         disk_type=spec.disk_type,
+        boot_disk_kms_key=spec.boot_disk_kms_key,
         tags=list(spec.tags),
         spot=spec.spot,
         flex_start=spec.flex_start,

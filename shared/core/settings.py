@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,9 @@ _MAXIMUM = {
 }
 
 
+_KMS_KEY = re.compile(r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$")
+
+
 def _list(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
@@ -87,6 +91,9 @@ class Settings:
     max_pods_per_node: int = 16
     disk_size_gb: int = 100
     disk_type: str = ""  # "" = the machine family's default boot disk (catalog.boot_disk_types)
+    # Customer-managed key of the nodes' boot disks (projects/P/locations/L/keyRings/R/cryptoKeys/K);
+    # "" = Google-managed encryption. The Compute Engine service agent needs encrypt/decrypt on it.
+    boot_disk_kms_key: str = ""
     network_tags: tuple[str, ...] = ()
     # Pod labels copied to the node labels of its pool (cost and monitoring): exact keys, or
     # prefixes ending in "/" (e.g. "team,example.com/"). Keys GKE refuses as node labels are refused
@@ -175,6 +182,11 @@ class Settings:
                 raise InvalidInputError(
                     f"setting COPY_POD_LABELS entry {entry!r}: keys under {domain}/ cannot be node labels"
                 )
+        if self.boot_disk_kms_key and not _KMS_KEY.match(self.boot_disk_kms_key):
+            raise InvalidInputError(
+                f"setting BOOT_DISK_KMS_KEY={self.boot_disk_kms_key!r} is not a Cloud KMS key name "
+                "(projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY)"
+            )
         if self.max_pods_per_node and not 8 <= self.max_pods_per_node <= 256:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"

@@ -67,6 +67,7 @@ class NodePoolSpec:
     max_pods_per_node: int = 0
     disk_size_gb: int = 100
     disk_type: str = "pd-balanced"  # build_node_pool picks the machine family's default
+    boot_disk_kms_key: str = ""  # Cloud KMS key of the boot disks ("" = Google-managed encryption)
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True

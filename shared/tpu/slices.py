@@ -388,6 +388,7 @@ def build_node_pool(
         max_pods_per_node=settings.max_pods_per_node,
         disk_size_gb=settings.disk_size_gb,
         disk_type=boot_disk(settings, shape),
+        boot_disk_kms_key=settings.boot_disk_kms_key,
         tags=settings.network_tags,
         auto_upgrade=bool(cluster and cluster.release_channel),
         # GKE's flex-start pools are made with auto-repair off (a repair would recreate VMs that

@@ -259,6 +259,28 @@ def test_node_labels_in_gke_or_kubernetes_domains_are_refused(
     assert gke_emulator.pools(GKE_TEST_CLUSTER) == []
 
 
+@pytest.mark.parametrize(
+    ("key", "accepted"),
+    [
+        ("projects/p/locations/us-central2/keyRings/r/cryptoKeys/k", True),
+        ("projects/p/keyRings/r/cryptoKeys/k", False),
+        ("k", False),
+    ],
+)
+def test_boot_disk_kms_key_must_be_a_crypto_key_name(
+    client: gke.ClusterManagerClient, gke_emulator: GkeEmulator, key: str, accepted: bool
+) -> None:
+    pool = make_pool()
+    pool.config.boot_disk_kms_key = key
+    if accepted:
+        create(client, pool)
+        [stored] = gke_emulator.pools(GKE_TEST_CLUSTER)
+        assert stored["config"]["bootDiskKmsKey"] == key
+        return
+    with pytest.raises(core.BadRequest, match="boot_disk_kms_key"):
+        create(client, pool)
+
+
 def test_duplicate_pool_is_409(client: gke.ClusterManagerClient) -> None:
     create(client, make_pool())
     with pytest.raises(core.Conflict, match="Already exists"):

@@ -119,3 +119,21 @@ COPIED = [
 def test_copy_pod_labels(setting, pod_labels, selectors, node_labels):
     spec, _ = build_node_pool(settings(COPY_POD_LABELS=setting), slice_request(pod(selectors, pod_labels)))
     assert {k: v for k, v in spec.labels.items() if not k.startswith("tpuprov.dev/")} == node_labels
+
+
+KEY = "projects/p/locations/us-east5/keyRings/tpu/cryptoKeys/boot"
+
+
+def test_boot_disk_kms_key_reaches_the_pool_and_the_request():
+    from shared.cloud.gke import spec_to_node_pool
+
+    spec, _ = build_node_pool(settings(BOOT_DISK_KMS_KEY=KEY), slice_request(pod()))
+    assert spec.boot_disk_kms_key == KEY
+    assert spec_to_node_pool(spec).config.boot_disk_kms_key == KEY
+    unset, _ = build_node_pool(settings(), slice_request(pod()))
+    assert unset.boot_disk_kms_key == "" and spec_to_node_pool(unset).config.boot_disk_kms_key == ""
+
+
+def test_a_malformed_boot_disk_kms_key_stops_the_service():
+    with pytest.raises(InvalidInputError, match="BOOT_DISK_KMS_KEY='tpu-key' is not a Cloud KMS key name"):
+        settings(BOOT_DISK_KMS_KEY="tpu-key")
