@@ -30,8 +30,14 @@ $(CHECKOV):
 typecheck: install
 	$(BIN)/mypy shared functions
 
-# The README's test command: lint (with the import contracts), types, then the whole pytest suite.
-test: lint typecheck $(CHECKOV)
+# The sandbox's real Kubernetes components (sandbox/kube/go: etcd, kube-apiserver, scheduler,
+# controller manager, KWOK, JobSet, Kueue), built into sandbox/kube/bin only when their pins change.
+kube-bins: install
+	$(BIN)/python -m sandbox.kube.build
+
+# The README's test command: lint (with the import contracts), types, then the whole pytest suite
+# (tests/sandbox/real starts the real control plane, so its binaries are built first).
+test: lint typecheck $(CHECKOV) kube-bins
 	CHECKOV_BIN=$(CURDIR)/$(CHECKOV) $(BIN)/pytest
 
 unit: install

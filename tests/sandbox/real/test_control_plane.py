@@ -1,0 +1,238 @@
+"""The real control plane in the sandbox: API server, scheduler, controller manager, KWOK nodes, RBAC.
+
+Everything asserted here is what the upstream components do (scheduling, pod GC, authorization):
+the harness only starts them, registers Nodes as GKE would and lets KWOK play the kubelets.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from sandbox.kube import rbac
+from sandbox.kube.api import ApiError
+from sandbox.kube.cluster import RealCluster
+from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT, RUN_SECONDS
+from sandbox.kube.nodes import PoolNodes, delete_pool_nodes, ready, register_pool_nodes
+from shared.core import labels
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+T = TypeVar("T")
+CLUSTER = "sandbox"
+NS = "default"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+
+
+def eventually(probe: Callable[[], T | None], timeout: float, what: str, cluster: RealCluster) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with the components' logs otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {c}\n{cluster.logs(c, 15)}" for c in ("kube-scheduler", "kwok"))
+            pytest.fail(f"{what} not within {timeout:.0f}s\n{logs}")
+        time.sleep(0.2)
+
+
+def v6e_pool(name: str, nodes: int = 2) -> PoolNodes:
+    # A 2x4 v6e slice: two VMs of 4 chips (ct6e-standard-4t).
+    return PoolNodes(
+        pool=name,
+        machine_type="ct6e-standard-4t",
+        zones={"us-east5-b": nodes},
+        accelerator="tpu-v6e-slice",
+        topology="2x4",
+        chips_per_node=4,
+        spot=True,
+    )
+
+
+def tpu_pod(name: str, pool: PoolNodes, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "restartPolicy": "Never",
+            # The pool too: the tests of this module share one cluster and its pools look alike.
+            "nodeSelector": {
+                labels.TPU_ACCELERATOR: pool.accelerator,
+                labels.TPU_TOPOLOGY: pool.topology,
+                labels.NODEPOOL: pool.pool,
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.12",
+                    "resources": {
+                        "requests": {labels.TPU_RESOURCE: str(pool.chips_per_node)},
+                        "limits": {labels.TPU_RESOURCE: str(pool.chips_per_node)},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def pod(cluster: RealCluster, name: str) -> dict[str, Any] | None:
+    return cluster.client().get(f"{PODS}/{name}")
+
+
+def phase_of(cluster: RealCluster, name: str, phase: str) -> dict[str, Any] | None:
+    found = pod(cluster, name)
+    return found if found and found.get("status", {}).get("phase") == phase else None
+
+
+def pool_ready(cluster: RealCluster, pool: PoolNodes) -> list[dict[str, Any]]:
+    api = cluster.client()
+    register_pool_nodes(api, CLUSTER, pool)
+    want = sum(pool.zones.values())
+
+    def all_ready() -> list[dict[str, Any]] | None:
+        nodes = api.list("/api/v1/nodes", label_selector=f"{labels.NODEPOOL}={pool.pool}")
+        return nodes if len(nodes) == want and all(ready(n) for n in nodes) else None
+
+    return eventually(all_ready, 60, f"pool {pool.pool} Ready", cluster)
+
+
+def test_plain_kubectl_works_with_the_printed_kubeconfig(cluster: RealCluster) -> None:
+    version = cluster.kubectl("version", "-o", "json")
+    assert '"gitVersion": "v1.36.3"' in version.stdout
+    ns = f"team-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    assert cluster.kubectl("get", "namespace", ns, "-o", "name").stdout.strip() == f"namespace/{ns}"
+    assert cluster.kubectl("get", "nodes").returncode == 0
+
+
+def test_a_pools_nodes_registered_like_gke_become_ready_through_kwok(cluster: RealCluster) -> None:
+    pool = v6e_pool("np-ready")
+    nodes = pool_ready(cluster, pool)
+    names = sorted(n["metadata"]["name"] for n in nodes)
+    assert names == [f"gke-{CLUSTER}-np-ready-0", f"gke-{CLUSTER}-np-ready-1"]
+    for node in nodes:
+        node_labels = node["metadata"]["labels"]
+        assert node_labels[labels.NODEPOOL] == "np-ready"
+        assert node_labels[labels.TPU_ACCELERATOR] == "tpu-v6e-slice"
+        assert node_labels[labels.TPU_TOPOLOGY] == "2x4"
+        assert node_labels[labels.ZONE] == "us-east5-b"
+        assert node_labels[labels.SPOT] == "true"
+        assert node["status"]["allocatable"][labels.TPU_RESOURCE] == "4"
+
+
+def test_the_real_scheduler_places_a_tpu_pod_and_kwok_runs_it_for_its_requested_time(
+    cluster: RealCluster,
+) -> None:
+    pool = v6e_pool("np-run")
+    pool_ready(cluster, pool)
+    cluster.client().create(PODS, tpu_pod("trainer-ok", pool, {RUN_SECONDS: "3"}))
+    running = eventually(lambda: phase_of(cluster, "trainer-ok", "Running"), 60, "Running", cluster)
+    assert running["spec"]["nodeName"].startswith(f"gke-{CLUSTER}-np-run-")
+    started = time.monotonic()
+    done = eventually(lambda: phase_of(cluster, "trainer-ok", "Succeeded"), 60, "Succeeded", cluster)
+    assert time.monotonic() - started >= 2.0  # ran (about) the 3 s its template asked for
+    (status,) = done["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["reason"] == "Completed"
+    assert status["state"]["terminated"]["exitCode"] == 0
+
+
+def test_a_pod_whose_attempt_must_fail_ends_failed(cluster: RealCluster) -> None:
+    pool = v6e_pool("np-fail", nodes=1)
+    pool_ready(cluster, pool)
+    cluster.client().create(PODS, tpu_pod("trainer-bad", pool, {RUN_SECONDS: "1", FAIL_UNTIL_ATTEMPT: "1"}))
+    failed = eventually(lambda: phase_of(cluster, "trainer-bad", "Failed"), 60, "Failed", cluster)
+    (status,) = failed["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["exitCode"] == 1
+
+
+def test_a_pod_no_node_fits_gets_the_schedulers_failed_scheduling_event(cluster: RealCluster) -> None:
+    pool_ready(cluster, v6e_pool("np-other", nodes=1))  # a node there, but not the shape asked for
+    pool = PoolNodes(
+        pool="np-none",
+        machine_type="ct6e-standard-4t",
+        zones={},
+        accelerator="tpu-v6e-slice",
+        topology="16x16",
+        chips_per_node=4,
+    )
+    cluster.client().create(PODS, tpu_pod("trainer-waits", pool))
+
+    def failed_scheduling() -> list[dict[str, Any]]:
+        events = cluster.client().list(
+            f"/api/v1/namespaces/{NS}/events", field_selector="involvedObject.name=trainer-waits"
+        )
+        return [e for e in events if e.get("reason") == "FailedScheduling"]
+
+    (event, *_) = eventually(failed_scheduling, 60, "FailedScheduling", cluster)
+    assert event["reportingComponent"] == "default-scheduler"
+    assert event["message"].startswith("0/")
+    assert "didn't match Pod's node affinity/selector" in event["message"]
+
+
+def test_deleting_a_pools_nodes_lets_the_real_pod_gc_fail_and_remove_their_pods(cluster: RealCluster) -> None:
+    pool = v6e_pool("np-gone", nodes=1)
+    pool_ready(cluster, pool)
+    api = cluster.client()
+    created = api.create(PODS, tpu_pod("trainer-orphan", pool))  # no run-seconds: runs until stopped
+    eventually(lambda: phase_of(cluster, "trainer-orphan", "Running"), 60, "Running", cluster)
+    assert delete_pool_nodes(api, "np-gone") == [f"gke-{CLUSTER}-np-gone-0"]
+    last: dict[str, Any] = {}
+    # Pod GC waits for a missing node to stay missing (its quarantine) before it acts.
+    for kind, obj in api.watch(
+        PODS, created["metadata"]["resourceVersion"], 150, field_selector="metadata.name=trainer-orphan"
+    ):
+        last = obj
+        if kind == "DELETED":
+            break
+    else:
+        pytest.fail(f"pod not deleted after its node went:\n{cluster.logs('kube-controller-manager')}")
+    assert pod(cluster, "trainer-orphan") is None
+    assert last["status"]["phase"] == "Failed"
+    disruption = [c for c in last["status"].get("conditions", []) if c["type"] == "DisruptionTarget"]
+    assert disruption and disruption[0]["reason"] == "DeletionByPodGC"
+
+
+def test_a_function_gets_the_real_403_for_what_its_role_lacks_and_only_that(cluster: RealCluster) -> None:
+    # release lists pods to find a JobSet's pods; drop that one permission from its role.
+    role = cluster.roles["release"]
+    assert "container.pods.list" in role
+    release = cluster.client("release")
+    release.list(PODS)  # allowed by the role as infra/ grants it
+    with pytest.raises(ApiError) as refused:
+        release.delete(f"{PODS}/trainer-ok")  # no container.pods.delete in any function's role
+    assert refused.value.status == 403
+    assert f'User "{rbac.user_name("release")}" cannot delete resource "pods"' in refused.value.message
+
+    admin = cluster.client()
+    reduced = [p for p in role if p != "container.pods.list"]
+    try:
+        admin.apply_all(rbac.objects_for("release", reduced))
+
+        def refused_now() -> ApiError | None:
+            try:
+                release.list(PODS)
+            except ApiError as exc:
+                return exc if exc.status == 403 else None
+            return None
+
+        error = eventually(refused_now, 10, "403 after removing container.pods.list", cluster)
+        assert 'cannot list resource "pods"' in error.message
+    finally:
+        admin.apply_all(rbac.objects_for("release", role))
+
+    def allowed_again() -> bool | None:
+        try:
+            release.list(PODS)
+        except ApiError as exc:
+            if exc.status == 403:
+                return None
+            raise
+        return True
+
+    eventually(allowed_again, 10, "list allowed again", cluster)
