@@ -126,13 +126,16 @@ class Releaser:
     def _ran_on(
         self, namespace: str, name: str, uid: str, listing: list[NodePoolInfo], own: list[NodePoolInfo]
     ) -> dict[str, occupancy.Occupant]:
-        """Managed pools labelled for another JobSet that this JobSet's pods ran on (two reads)."""
+        """Managed pools labelled for another JobSet that this JobSet's pods ran on (two reads, none
+        when the listing has no such pool)."""
+        mine = {p.name for p in own}
+        others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
+        if not others:
+            return {}
         pods = self.kube.list_pods(namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
         if not any((pod.get("spec") or {}).get("nodeName") for pod in pods):
             return {}
         ran = occupancy.last_runs(self.kube.list_nodes(MANAGED_NODES), pods, namespace, name, uid)
-        mine = {p.name for p in own}
-        others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
         return {pool: user for pool, user in ran.items() if pool in others}
 
     def dispose(
