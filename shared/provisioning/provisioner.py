@@ -1,8 +1,9 @@
 """The provision service: from "this pod is unschedulable" to exactly one TPU node pool per slice.
 
-Reads at most two things per event (the pod, the cluster's node pools), never waits for GKE's
-operation, and relies on the deterministic pool name so that duplicates and concurrent instances
-converge: a 409 on create is success.
+Reads at most two things per event (the pod, the cluster's node pools; for a pod bound by then, the
+pod and the managed Nodes, plus what adopting a handed-over pool takes: see ``handover``), never
+waits for GKE's operation, and relies on the deterministic pool name so that duplicates and
+concurrent instances converge: a 409 on create is success.
 """
 
 from __future__ import annotations
