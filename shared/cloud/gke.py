@@ -76,6 +76,12 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         tags=list(spec.tags),
         spot=spec.spot,
         flex_start=spec.flex_start,
+        secondary_boot_disks=[
+            gke.SecondaryBootDisk(
+                disk_image=image, mode=gke.SecondaryBootDisk.Mode.__members__[mode or "MODE_UNSPECIFIED"]
+            )
+            for image, mode in spec.secondary_boot_disks
+        ],
     )
     if spec.reservation is not None:
         config.reservation_affinity = gke.ReservationAffinity(
@@ -106,6 +112,12 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         management=gke.NodeManagement(auto_upgrade=spec.auto_upgrade, auto_repair=spec.auto_repair),
         autoscaling=autoscaling,
     )
+    if spec.additional_networks:
+        pool.network_config = gke.NodeNetworkConfig(
+            additional_node_network_configs=[
+                gke.AdditionalNodeNetworkConfig(network=n, subnetwork=s) for n, s in spec.additional_networks
+            ]
+        )
     if spec.max_pods_per_node > 0:
         pool.max_pods_constraint = gke.MaxPodsConstraint(max_pods_per_node=spec.max_pods_per_node)
     if spec.placement is not None:

@@ -51,6 +51,7 @@ _MAXIMUM = {
 }
 
 
+_DISK_IMAGE = re.compile(r"^projects/[^/]+/global/images/[^/]+$")
 _KMS_KEY = re.compile(r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$")
 
 
@@ -94,6 +95,13 @@ class Settings:
     # Customer-managed key of the nodes' boot disks (projects/P/locations/L/keyRings/R/cryptoKeys/K);
     # "" = Google-managed encryption. The Compute Engine service agent needs encrypt/decrypt on it.
     boot_disk_kms_key: str = ""
+    # Secondary boot disks that preload container images or data on every TPU node (GKE "Use
+    # secondary boot disks to preload data or container images"): "projects/P/global/images/I"
+    # entries, each optionally "=CONTAINER_IMAGE_CACHE" (default: a data disk). Comma-separated.
+    secondary_boot_disks: tuple[str, ...] = ()
+    # Additional node networks (multi-NIC for high-throughput DCN between slices): "NETWORK:SUBNETWORK"
+    # entries, comma-separated; the cluster must have multi-networking enabled.
+    additional_node_networks: tuple[str, ...] = ()
     network_tags: tuple[str, ...] = ()
     # Pod labels copied to the node labels of its pool (cost and monitoring): exact keys, or
     # prefixes ending in "/" (e.g. "team,example.com/"). Keys GKE refuses as node labels are refused
@@ -187,6 +195,19 @@ class Settings:
                 f"setting BOOT_DISK_KMS_KEY={self.boot_disk_kms_key!r} is not a Cloud KMS key name "
                 "(projects/PROJECT/locations/LOCATION/keyRings/RING/cryptoKeys/KEY)"
             )
+        for entry in self.secondary_boot_disks:
+            image, _, mode = entry.partition("=")
+            if not _DISK_IMAGE.match(image) or mode not in ("", "CONTAINER_IMAGE_CACHE"):
+                raise InvalidInputError(
+                    f"setting SECONDARY_BOOT_DISKS entry {entry!r} must be projects/P/global/images/IMAGE, "
+                    "optionally followed by =CONTAINER_IMAGE_CACHE"
+                )
+        for entry in self.additional_node_networks:
+            network, _, subnetwork = entry.partition(":")
+            if not network.strip() or not subnetwork.strip():
+                raise InvalidInputError(
+                    f"setting ADDITIONAL_NODE_NETWORKS entry {entry!r} must be NETWORK:SUBNETWORK"
+                )
         if self.max_pods_per_node and not 8 <= self.max_pods_per_node <= 256:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"
@@ -221,6 +242,19 @@ class Settings:
         if "project_id" not in kwargs and source.get("GOOGLE_CLOUD_PROJECT"):
             kwargs["project_id"] = source["GOOGLE_CLOUD_PROJECT"].strip()
         return cls(**kwargs)
+
+    @property
+    def secondary_boot_disk_modes(self) -> tuple[tuple[str, str], ...]:
+        """SECONDARY_BOOT_DISKS as (disk image, mode) pairs; mode "" for a data disk."""
+        return tuple(
+            (image, mode) for image, _, mode in (e.partition("=") for e in self.secondary_boot_disks)
+        )
+
+    @property
+    def additional_network_pairs(self) -> tuple[tuple[str, str], ...]:
+        """ADDITIONAL_NODE_NETWORKS as (network, subnetwork) pairs."""
+        pairs = (e.partition(":") for e in self.additional_node_networks)
+        return tuple((network.strip(), subnetwork.strip()) for network, _, subnetwork in pairs)
 
     @property
     def cluster_path(self) -> str:

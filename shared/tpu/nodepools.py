@@ -68,6 +68,9 @@ class NodePoolSpec:
     disk_size_gb: int = 100
     disk_type: str = "pd-balanced"  # build_node_pool picks the machine family's default
     boot_disk_kms_key: str = ""  # Cloud KMS key of the boot disks ("" = Google-managed encryption)
+    # (disk image, mode) of each secondary boot disk: mode "CONTAINER_IMAGE_CACHE" or "" (data).
+    secondary_boot_disks: tuple[tuple[str, str], ...] = ()
+    additional_networks: tuple[tuple[str, str], ...] = ()  # (network, subnetwork) of each extra NIC
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True

@@ -389,6 +389,8 @@ def build_node_pool(
         disk_size_gb=settings.disk_size_gb,
         disk_type=boot_disk(settings, shape),
         boot_disk_kms_key=settings.boot_disk_kms_key,
+        secondary_boot_disks=settings.secondary_boot_disk_modes,
+        additional_networks=settings.additional_network_pairs,
         tags=settings.network_tags,
         auto_upgrade=bool(cluster and cluster.release_channel),
         # GKE's flex-start pools are made with auto-repair off (a repair would recreate VMs that

@@ -281,6 +281,48 @@ def test_boot_disk_kms_key_must_be_a_crypto_key_name(
         create(client, pool)
 
 
+def _secondary_disk(image: str) -> Callable[[gke.NodePool], None]:
+    def change(pool: gke.NodePool) -> None:
+        mode = gke.SecondaryBootDisk.Mode.CONTAINER_IMAGE_CACHE
+        pool.config.secondary_boot_disks.append(gke.SecondaryBootDisk(disk_image=image, mode=mode))
+
+    return change
+
+
+def _extra_network(network: str, subnetwork: str) -> Callable[[gke.NodePool], None]:
+    def change(pool: gke.NodePool) -> None:
+        extra = gke.AdditionalNodeNetworkConfig(network=network, subnetwork=subnetwork)
+        pool.network_config.additional_node_network_configs.append(extra)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (_secondary_disk("projects/p/global/images/jax-cache"), ""),
+        (_secondary_disk("jax-cache"), "secondary_boot_disks.disk_image"),
+        (_extra_network("dcn-1", "dcn-1-sub"), ""),
+        (_extra_network("dcn-1", ""), "needs both a network and a subnetwork"),
+    ],
+    ids=["disk-image", "bare-image-name", "extra-network", "network-without-subnetwork"],
+)
+def test_secondary_boot_disks_and_additional_networks(
+    client: gke.ClusterManagerClient,
+    gke_emulator: GkeEmulator,
+    change: Callable[[gke.NodePool], None],
+    needle: str,
+) -> None:
+    pool = make_pool()
+    change(pool)
+    if not needle:
+        create(client, pool)
+        assert [p["name"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)] == [pool.name]
+        return
+    with pytest.raises(core.BadRequest, match=needle):
+        create(client, pool)
+
+
 def test_duplicate_pool_is_409(client: gke.ClusterManagerClient) -> None:
     create(client, make_pool())
     with pytest.raises(core.Conflict, match="Already exists"):

@@ -205,6 +205,27 @@ def _check_boot_disk_kms_key(config: Any) -> None:
         )
 
 
+_DISK_IMAGE_RE = re.compile(r"^projects/[^/]+/global/images/[^/]+$")
+
+
+def _check_node_extras(pool: Any) -> None:
+    # container_v1 SecondaryBootDisk.disk_image is a Compute Engine image name (GKE "Use secondary
+    # boot disks to preload data or container images"); AdditionalNodeNetworkConfig names a network
+    # and a subnetwork. GKE's refusal texts for malformed ones were not found; these are in its style.
+    for disk in pool.config.secondary_boot_disks:
+        if not _DISK_IMAGE_RE.match(disk.disk_image):
+            raise invalid(
+                f"Invalid value for field 'node_pool.config.secondary_boot_disks.disk_image': "
+                f"{disk.disk_image!r}. Expected projects/PROJECT/global/images/IMAGE."
+            )
+    for extra in pool.network_config.additional_node_network_configs:
+        if not extra.network or not extra.subnetwork:
+            raise invalid(
+                "Each additional node network config needs both a network and a subnetwork; "
+                f"got network={extra.network!r}, subnetwork={extra.subnetwork!r}."
+            )
+
+
 def _check_management(pool: Any, release_channel: str) -> None:
     """GKE REST reference, ReleaseChannel: on an enrolled cluster node auto-upgrade cannot be disabled.
 
@@ -325,6 +346,7 @@ def validate_create(pool: Any, cluster_location: str, release_channel: str = "")
     _check_locations(pool, cluster_location)
     check_node_labels(pool.config.labels)
     _check_boot_disk_kms_key(pool.config)
+    _check_node_extras(pool)
     _check_management(pool, release_channel)
     _check_autoscaling(pool.autoscaling)
     _check_flex_start(pool)

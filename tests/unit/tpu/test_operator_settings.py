@@ -137,3 +137,48 @@ def test_boot_disk_kms_key_reaches_the_pool_and_the_request():
 def test_a_malformed_boot_disk_kms_key_stops_the_service():
     with pytest.raises(InvalidInputError, match="BOOT_DISK_KMS_KEY='tpu-key' is not a Cloud KMS key name"):
         settings(BOOT_DISK_KMS_KEY="tpu-key")
+
+
+IMAGE = "projects/p/global/images/jax-cache"
+
+
+def test_secondary_boot_disks_and_additional_networks_reach_the_request():
+    from shared.cloud.gke import spec_to_node_pool
+
+    configured = settings(
+        SECONDARY_BOOT_DISKS=f"{IMAGE}=CONTAINER_IMAGE_CACHE, projects/p/global/images/weights",
+        ADDITIONAL_NODE_NETWORKS="dcn-1:dcn-1-sub, dcn-2 : dcn-2-sub",
+    )
+    spec, _ = build_node_pool(configured, slice_request(pod()))
+    assert spec.secondary_boot_disks == (
+        (IMAGE, "CONTAINER_IMAGE_CACHE"),
+        ("projects/p/global/images/weights", ""),
+    )
+    assert spec.additional_networks == (("dcn-1", "dcn-1-sub"), ("dcn-2", "dcn-2-sub"))
+    message = spec_to_node_pool(spec)
+    assert [(d.disk_image, d.mode.name) for d in message.config.secondary_boot_disks] == [
+        (IMAGE, "CONTAINER_IMAGE_CACHE"),
+        ("projects/p/global/images/weights", "MODE_UNSPECIFIED"),
+    ]
+    assert [(n.network, n.subnetwork) for n in message.network_config.additional_node_network_configs] == [
+        ("dcn-1", "dcn-1-sub"),
+        ("dcn-2", "dcn-2-sub"),
+    ]
+    plain = spec_to_node_pool(build_node_pool(settings(), slice_request(pod()))[0])
+    assert "network_config" not in plain and not plain.config.secondary_boot_disks
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"SECONDARY_BOOT_DISKS": "jax-cache"}, "SECONDARY_BOOT_DISKS entry 'jax-cache' must be"),
+        ({"SECONDARY_BOOT_DISKS": f"{IMAGE}=FAST"}, "optionally followed by =CONTAINER_IMAGE_CACHE"),
+        (
+            {"ADDITIONAL_NODE_NETWORKS": "dcn-1"},
+            "ADDITIONAL_NODE_NETWORKS entry 'dcn-1' must be NETWORK:SUBNETWORK",
+        ),
+    ],
+)
+def test_malformed_node_extras_stop_the_service(env, why):
+    with pytest.raises(InvalidInputError, match=re.escape(why)):
+        settings(**env)
