@@ -10,7 +10,6 @@ Golden files in tests/cli/golden; ``UPDATE_GOLDEN=1`` rewrites them after an int
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from shared.setup.manifests import JOBSET, KUEUE
 from tpuprov.commands import why
 from tpuprov.denials import DecisionDenials
 from tpuprov.doctor.run import diagnose, document, exit_code, render_table
-from tpuprov.doctor.sandbox import StackDeployment
+from tpuprov.doctor.sandbox import StackDeployment, install_addons
 from tpuprov.doctor.views import Expected
 from tpuprov.main import build_parser
 from tpuprov.output import dumps
@@ -45,14 +44,7 @@ def _golden(name: str, text: str) -> None:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     with Stack(dataclasses.replace(FAST, functions=ALL_FUNCTIONS)) as running:
-        topic = running.publisher.topic_path(
-            running.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX)
-        )
-        data = json.dumps({"cluster": running.cluster.path}).encode()
-        running.publisher.publish(topic, data).result(timeout=30)
-        running.wait_for(
-            lambda: running.decisions("setup.done", function="setup_cluster"), 120, "setup to install"
-        )
+        install_addons(running)
         yield running
 
 

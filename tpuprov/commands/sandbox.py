@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tpuprov.output import add_output_argument
+
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -43,13 +45,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a CPU JobSet) through it, print the timeline.",
     )
     _demo_arguments(demo)
-    sandbox = subparsers.add_parser("sandbox", help="the local sandbox: keep it running, or run the demo")
-    commands = sandbox.add_subparsers(dest="sandbox_command", metavar="{up,demo}", required=True)
+    sandbox = subparsers.add_parser(
+        "sandbox", help="the local sandbox: keep it running, run the demo, or check it with doctor"
+    )
+    commands = sandbox.add_subparsers(dest="sandbox_command", metavar="{up,demo,doctor}", required=True)
     up = commands.add_parser("up", help="start the sandbox and keep it running until Ctrl-C")
     up.add_argument("--quiet", action="store_true", help="do not print the live timeline")
     up.add_argument("--gke-op-delay", type=float, default=2.0, help="seconds a node-pool operation takes")
     up.set_defaults(func=run)
     _demo_arguments(commands.add_parser("demo", help="same as `tpuprov demo`"))
+    doctor = commands.add_parser(
+        "doctor",
+        help="start the sandbox, install JobSet and Kueue, run `tpuprov doctor` against it, stop",
+    )
+    add_output_argument(doctor)
+    doctor.set_defaults(func=run)
 
 
 def run(args: Any) -> int:
@@ -63,6 +73,8 @@ def run(args: Any) -> int:
 
         config = StackConfig(gke_op_delay=args.gke_op_delay, functions=ALL_FUNCTIONS)
         return run_up(config, quiet=args.quiet, step=Progress().step)
+    if args.sandbox_command == "doctor":
+        return _doctor(args.output, StackConfig(gke_op_delay=0.5, functions=ALL_FUNCTIONS))
     if args.slices < 1:
         print("tpuprov demo: --slices must be at least 1")
         return 2
@@ -79,3 +91,20 @@ def run(args: Any) -> int:
     except KeyboardInterrupt:
         print("\ntpuprov demo: interrupted; every process it started was stopped")
         return 130
+
+
+def _doctor(fmt: str, config: Any) -> int:
+    """The doctor report of a freshly deployed sandbox (every function, JobSet and Kueue installed)."""
+    from sandbox.stack.core import Stack
+    from sandbox.stack.pubsub import TOPIC_PREFIX
+    from tpuprov import output
+    from tpuprov.doctor.run import diagnose, document, exit_code, render_table
+    from tpuprov.doctor.sandbox import StackDeployment, install_addons
+    from tpuprov.doctor.views import Expected
+
+    with Stack(config) as stack:
+        install_addons(stack)
+        deployment = StackDeployment(stack, Expected(config.project, TOPIC_PREFIX))
+        checks = diagnose(deployment, deployment.expected, deployment.settings)
+    output.emit(fmt, document(checks), lambda: render_table(checks))
+    return exit_code(checks)

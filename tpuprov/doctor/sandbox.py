@@ -8,10 +8,11 @@ at start, changed by ``stack.iam.revoke``); sinks and their topic grants are the
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sandbox.stack.core import Stack
-from sandbox.stack.pubsub import clients
+from sandbox.stack.pubsub import TOPIC_PREFIX, clients, wiring
 from shared.cloud.endpoint import choose_endpoint
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
@@ -115,3 +116,12 @@ class StackDeployment:
 
     def addon(self, component: Component) -> AddonView:
         return addon_view(ClusterView(self.settings).objects, component)
+
+
+def install_addons(stack: Stack, timeout: float = 120.0) -> None:
+    """Install JobSet and Kueue as a deployment does: publish the setup message, wait for setup_cluster."""
+    topic = stack.publisher.topic_path(stack.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
+    stack.publisher.publish(topic, json.dumps({"cluster": stack.cluster.path}).encode()).result(timeout=30)
+    stack.wait_for(
+        lambda: stack.decisions("setup.done", function="setup_cluster"), timeout, "setup to install"
+    )
