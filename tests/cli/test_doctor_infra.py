@@ -1,0 +1,75 @@
+"""What ``tpuprov doctor`` expects is what infra/ deploys: names, roles, grants and APIs read from the
+Terraform, so a rename in infra/ fails here instead of making doctor report a healthy deployment broken."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import hcl2
+
+from sandbox.emulators.iam import SHORT_NAMES
+from tests.paths import REPO
+from tpuprov.doctor.views import PUBLISHER_ROLE, SETUP_ROLE, Expected
+
+INFRA = REPO / "infra"
+
+
+def _tf(path: str) -> dict[str, Any]:
+    with (INFRA / path).open(encoding="utf-8") as handle:
+        parsed: dict[str, Any] = hcl2.load(handle)
+    return parsed
+
+
+def _text(path: str) -> str:
+    return (INFRA / path).read_text(encoding="utf-8")
+
+
+def _resource(parsed: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    for block in parsed["resource"]:
+        for key, body in block.items():
+            if key.strip('"') == kind:
+                for inner, spec in body.items():
+                    if inner.strip('"') == name:
+                        found: dict[str, Any] = spec
+                        return found
+    raise KeyError(f"{kind}.{name}")
+
+
+def _unquote(value: Any) -> str:
+    return str(value).strip('"')
+
+
+def test_service_accounts_roles_and_their_bindings() -> None:
+    main = _tf("main.tf")
+    functions = main["locals"][0]["functions"]
+    assert {_unquote(f): _unquote(spec["short"]) for f, spec in functions.items()} == SHORT_NAMES
+    iam = _tf("iam.tf")
+    runtime = _resource(iam, "google_service_account", "runtime")
+    assert _unquote(runtime["account_id"]) == "${var.topic_prefix}-${each.value.short}"
+    role = _resource(iam, "google_project_iam_custom_role", "function")
+    assert _unquote(role["role_id"]) == '${replace(var.topic_prefix, "-", "_")}_${each.key}'
+    assert _unquote(_resource(iam, "google_project_iam_member", "setup_cluster_admin")["role"]) == SETUP_ROLE
+    e = Expected("my-project", "tp-x")
+    assert e.service_account("setup_cluster") == "tp-x-setup@my-project.iam.gserviceaccount.com"
+    assert e.role_name("release") == "projects/my-project/roles/tp_x_release"
+    assert e.role_name("setup_cluster") == SETUP_ROLE
+
+
+def test_sinks_and_their_writer_grant() -> None:
+    main = _text("main.tf")
+    assert re.search(r'module "sink" \{.*?name\s+= "\$\{var\.topic_prefix\}-\$\{each\.key\}"', main, re.S)
+    sink = _tf("modules/sink/main.tf")
+    writer = _resource(sink, "google_pubsub_topic_iam_member", "writer")
+    assert _unquote(writer["role"]) == PUBLISHER_ROLE
+    assert _unquote(writer["member"]) == "${google_logging_project_sink.this.writer_identity}"
+    assert Expected("p", "tp-x").sink_name("jobset-lifecycle") == "tp-x-jobset-lifecycle"
+
+
+def test_every_api_doctor_requires_is_one_infra_enables_or_the_cluster_needs() -> None:
+    block = re.search(r'resource "google_project_service" "apis" \{(.*?)\n\}', _text("main.tf"), re.S)
+    assert block is not None
+    enabled = set(re.findall(r'"([a-z]+\.googleapis\.com)"', block.group(1)))
+    # Compute Engine: infra does not enable it; the cluster's own project must already have it.
+    for delivery in ("push", "eventarc"):
+        assert set(Expected("p", delivery=delivery).apis()) - enabled == {"compute.googleapis.com"}
