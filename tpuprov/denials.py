@@ -3,15 +3,18 @@
 A function refused by IAM logs ``permission.denied`` once per delivery with the missing ``permission``
 and the ``role`` (function) to add it to (``shared.app.entry``). ``why`` reads those lines through the
 ``DenialLog`` port: production from Cloud Logging (the functions' stdout lines are ``jsonPayload``),
-the sandbox from the stack's decision lines. Every JobSet depends on the event functions, so a denial
-of any of them is part of every answer until the role is fixed.
+the sandbox from its function log files (``SANDBOX_LOG_DIR``, which ``tpuprov sandbox up`` exports).
+Every JobSet depends on the event functions, so a denial of any of them is part of every answer until
+the role is fixed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from shared.core.errors import TransientError
@@ -68,6 +71,28 @@ class DecisionDenials:
 
     def denials(self) -> list[Denial]:
         return [d for d in (denial_from(line) for line in self.lines) if d is not None]
+
+
+class LogFileDenials:
+    """``DenialLog`` over the sandbox's function log files (``<function>.log``, one JSON line each)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = Path(directory)
+
+    def denials(self) -> list[Denial]:
+        found = []
+        for path in sorted(self.directory.glob("*.log")):
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if EVENT not in line:
+                    continue  # most lines; parse only the candidates
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                denial = denial_from(record) if isinstance(record, dict) else None
+                if denial is not None:
+                    found.append(denial)
+        return found
 
 
 def logging_filter(prefix: str, since: datetime.datetime) -> str:

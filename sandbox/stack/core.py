@@ -403,6 +403,8 @@ class Stack:
             "KUBECONFIG": str(self.kubeconfig),
             **self._function_env(),
             "EMULATOR_ACCESS_TOKEN": self.admin_token,
+            # The functions' log lines (<function>.log), the sandbox's Cloud Logging for `tpuprov why`.
+            "SANDBOX_LOG_DIR": str(self.workdir),
         }
 
     @property

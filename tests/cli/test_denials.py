@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tpuprov.denials import DecisionDenials, Denial, denial_from, logging_filter, sentence
+from tpuprov.denials import DecisionDenials, Denial, LogFileDenials, denial_from, logging_filter, sentence
 
 
 @pytest.mark.parametrize(
@@ -67,3 +67,14 @@ def test_cloud_logging_filter() -> None:
         'resource.labels.service_name=("tpuprov-provision" OR "tpuprov-release" OR "tpuprov-reconcile") '
         'jsonPayload.event="permission.denied" timestamp>="2026-01-05T10:00:00Z"'
     )
+
+
+def test_log_files_source(tmp_path: Any) -> None:
+    (tmp_path / "release.log").write_text(
+        "Serving on http://127.0.0.1:8080\n"
+        '{"event": "permission.denied", "permission": "container.nodes.update", "role": "release"}\n'
+        '{"event": "release.deleted", "pool": "p"}\n'
+        "permission.denied but not JSON\n"
+    )
+    (tmp_path / "provision.log").write_text("")
+    assert LogFileDenials(str(tmp_path)).denials() == [Denial("release", "container.nodes.update")]

@@ -25,10 +25,12 @@ def register(subparsers: Any) -> None:
 
 
 def _denial_log(settings: Any) -> Any:
-    """Production reads the functions' permission.denied lines from Cloud Logging; against emulators
-    there is no Cloud Logging (the sandbox's tests pass the stack's own lines)."""
-    from tpuprov.denials import CloudLoggingDenials
+    """Production reads the functions' permission.denied lines from Cloud Logging, the sandbox from its
+    function log files; against other emulators there is no log to read."""
+    from tpuprov.denials import CloudLoggingDenials, LogFileDenials
 
+    if os.environ.get("SANDBOX_LOG_DIR"):
+        return LogFileDenials(os.environ["SANDBOX_LOG_DIR"])
     if settings.gke_api_endpoint or settings.kube_api_endpoint:
         return None
     return CloudLoggingDenials(settings.project_id, os.environ.get("TOPIC_PREFIX") or "tpuprov")
