@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shared.cloud.endpoint import endpoints_of
+from shared.cloud.node_options import apply_node_options
 from shared.cloud.permissions import denied_permission
 from shared.core.errors import (
     AlreadyExistsError,
@@ -72,16 +73,9 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         oauth_scopes=list(spec.oauth_scopes),
         disk_size_gb=spec.disk_size_gb,
         disk_type=spec.disk_type,
-        boot_disk_kms_key=spec.boot_disk_kms_key,
         tags=list(spec.tags),
         spot=spec.spot,
         flex_start=spec.flex_start,
-        secondary_boot_disks=[
-            gke.SecondaryBootDisk(
-                disk_image=image, mode=gke.SecondaryBootDisk.Mode.__members__[mode or "MODE_UNSPECIFIED"]
-            )
-            for image, mode in spec.secondary_boot_disks
-        ],
     )
     if spec.reservation is not None:
         config.reservation_affinity = gke.ReservationAffinity(
@@ -112,12 +106,7 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         management=gke.NodeManagement(auto_upgrade=spec.auto_upgrade, auto_repair=spec.auto_repair),
         autoscaling=autoscaling,
     )
-    if spec.additional_networks:
-        pool.network_config = gke.NodeNetworkConfig(
-            additional_node_network_configs=[
-                gke.AdditionalNodeNetworkConfig(network=n, subnetwork=s) for n, s in spec.additional_networks
-            ]
-        )
+    apply_node_options(pool, spec)
     if spec.max_pods_per_node > 0:
         pool.max_pods_constraint = gke.MaxPodsConstraint(max_pods_per_node=spec.max_pods_per_node)
     if spec.placement is not None:

@@ -102,6 +102,13 @@ class Settings:
     # Additional node networks (multi-NIC for high-throughput DCN between slices): "NETWORK:SUBNETWORK"
     # entries, comma-separated; the cluster must have multi-networking enabled.
     additional_node_networks: tuple[str, ...] = ()
+    # Shielded VM options of the nodes, sent on every create; the defaults are GKE's own (secure
+    # boot off: it refuses unsigned third-party kernel modules; integrity monitoring on).
+    shielded_secure_boot: bool = False
+    shielded_integrity_monitoring: bool = True
+    # Surge upgrade settings of a pool; -1 = unset (GKE's default: one node surged, none unavailable).
+    upgrade_max_surge: int = -1
+    upgrade_max_unavailable: int = -1
     network_tags: tuple[str, ...] = ()
     # Pod labels copied to the node labels of its pool (cost and monitoring): exact keys, or
     # prefixes ending in "/" (e.g. "team,example.com/"). Keys GKE refuses as node labels are refused
@@ -208,6 +215,12 @@ class Settings:
                 raise InvalidInputError(
                     f"setting ADDITIONAL_NODE_NETWORKS entry {entry!r} must be NETWORK:SUBNETWORK"
                 )
+        if self.upgrade_max_surge == 0 and self.upgrade_max_unavailable in (0, -1):
+            # With neither a surge node nor an unavailable one no node could ever be upgraded.
+            raise InvalidInputError(
+                "setting UPGRADE_MAX_SURGE=0 needs UPGRADE_MAX_UNAVAILABLE >= 1 (else no node can be "
+                "upgraded)"
+            )
         if self.max_pods_per_node and not 8 <= self.max_pods_per_node <= 256:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"

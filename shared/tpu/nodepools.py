@@ -71,6 +71,10 @@ class NodePoolSpec:
     # (disk image, mode) of each secondary boot disk: mode "CONTAINER_IMAGE_CACHE" or "" (data).
     secondary_boot_disks: tuple[tuple[str, str], ...] = ()
     additional_networks: tuple[tuple[str, str], ...] = ()  # (network, subnetwork) of each extra NIC
+    secure_boot: bool = False  # Shielded VM options (GKE's defaults)
+    integrity_monitoring: bool = True
+    max_surge: int = -1  # surge upgrade settings; -1 = not sent (GKE's default)
+    max_unavailable: int = -1
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True

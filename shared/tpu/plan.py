@@ -11,7 +11,8 @@ from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
 from shared.tpu import selectors
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.slices import build_node_pool, pod_selectors, policy_of, slice_options, slice_request
+from shared.tpu.selectors import pod_selectors
+from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What becomes of each node selector a TPU pod makes, on the pool the product builds for it.
 
 A pod lands only on a node carrying every label it selects (nodeSelector, and the single-valued
-required node-affinity terms ``slices._selected`` reads). Each selected key has one of three fates:
+required node-affinity terms ``of_pod_spec`` reads). Each selected key has one of three fates:
 
 * set by GKE: GKE labels every node of a pool from the pool's own configuration (its name, machine
   type, TPU topology, Spot / flex-start / reservation, zone); the product builds that
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from shared.core import labels
 from shared.core.errors import Refused
@@ -67,6 +68,26 @@ GKE_ACCEPTED = (labels.ICI_RESILIENCY, labels.LOCATION_HINT)
 # any subdomain of theirs, e.g. node-role.kubernetes.io/).
 _GKE_DOMAINS = ("cloud.google.com",)
 _KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io")
+
+
+def of_pod_spec(spec: Mapping[str, Any]) -> dict[str, str]:
+    """nodeSelector plus single-valued required node-affinity terms (how Kueue and users pin TPUs)."""
+    chosen = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = affinity.get("nodeSelectorTerms") or []
+    if len(terms) == 1:  # with several ORed terms no single value is implied
+        for expr in terms[0].get("matchExpressions") or []:
+            values = expr.get("values") or []
+            if expr.get("operator") == "In" and len(values) == 1:
+                chosen.setdefault(str(expr.get("key")), str(values[0]))
+    return chosen
+
+
+def pod_selectors(pod: Mapping[str, Any]) -> dict[str, str]:
+    """A pod's nodeSelector and single-valued required node-affinity terms (what it needs of a node)."""
+    return of_pod_spec(pod.get("spec") or {})
 
 
 def gke_refusal(key: str) -> str:

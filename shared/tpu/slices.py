@@ -74,26 +74,6 @@ def _tpu_chips(spec: Mapping[str, Any]) -> int:
     return total
 
 
-def _selected(spec: Mapping[str, Any]) -> dict[str, str]:
-    """nodeSelector plus single-valued required node-affinity terms (how Kueue and users pin TPUs)."""
-    chosen = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = affinity.get("nodeSelectorTerms") or []
-    if len(terms) == 1:  # with several ORed terms no single value is implied
-        for expr in terms[0].get("matchExpressions") or []:
-            values = expr.get("values") or []
-            if expr.get("operator") == "In" and len(values) == 1:
-                chosen.setdefault(str(expr.get("key")), str(values[0]))
-    return chosen
-
-
-def pod_selectors(pod: Mapping[str, Any]) -> dict[str, str]:
-    """A pod's nodeSelector and single-valued required node-affinity terms (what it needs of a node)."""
-    return _selected(pod.get("spec") or {})
-
-
 def _capacity_selection(selected: Mapping[str, str]) -> tuple[bool, Reservation | None, bool]:
     """Spot, reservation and flex-start as the selectors ask for them; Refused for combinations no
     pool can have."""
@@ -169,7 +149,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
     chips = _tpu_chips(spec)
     if chips <= 0:
         raise NotEligible("pod requests no google.com/tpu")
-    selected = _selected(spec)
+    selected = selectors.of_pod_spec(spec)
     if selected.get(labels.NODEPOOL):
         # Exclusive-placement followers are pinned to the pool their leader landed on; that pool
         # exists or is being made, and a pod must never cause a second one.
@@ -258,7 +238,7 @@ def template_demand(jobset: Mapping[str, Any], replicated_job: str) -> capacity.
     for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
         if rjob.get("name") == replicated_job:
             template = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
-            selected = _selected(template or {})
+            selected = selectors.of_pod_spec(template or {})
             return _demand(*_capacity_selection(selected), selected.get(labels.ZONE, "").strip())
     return capacity.Demand()
 
@@ -391,6 +371,10 @@ def build_node_pool(
         boot_disk_kms_key=settings.boot_disk_kms_key,
         secondary_boot_disks=settings.secondary_boot_disk_modes,
         additional_networks=settings.additional_network_pairs,
+        secure_boot=settings.shielded_secure_boot,
+        integrity_monitoring=settings.shielded_integrity_monitoring,
+        max_surge=settings.upgrade_max_surge,
+        max_unavailable=settings.upgrade_max_unavailable,
         tags=settings.network_tags,
         auto_upgrade=bool(cluster and cluster.release_channel),
         # GKE's flex-start pools are made with auto-repair off (a repair would recreate VMs that

@@ -182,3 +182,34 @@ def test_secondary_boot_disks_and_additional_networks_reach_the_request():
 def test_malformed_node_extras_stop_the_service(env, why):
     with pytest.raises(InvalidInputError, match=re.escape(why)):
         settings(**env)
+
+
+# Shielded VM and surge upgrade settings -> what the create request carries.
+NODE_OPTIONS = [
+    pytest.param({}, (False, True), None, id="gke-defaults"),
+    pytest.param({"SHIELDED_SECURE_BOOT": "true"}, (True, True), None, id="secure-boot"),
+    pytest.param(
+        {"SHIELDED_INTEGRITY_MONITORING": "false"}, (False, False), None, id="no-integrity-monitoring"
+    ),
+    pytest.param({"UPGRADE_MAX_SURGE": "2"}, (False, True), (2, 0), id="surge-2"),
+    pytest.param({"UPGRADE_MAX_UNAVAILABLE": "1"}, (False, True), (1, 1), id="unavailable-1-keeps-surge-1"),
+    pytest.param(
+        {"UPGRADE_MAX_SURGE": "0", "UPGRADE_MAX_UNAVAILABLE": "4"}, (False, True), (0, 4), id="in-place-4"
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "shielded", "upgrade"), NODE_OPTIONS)
+def test_shielded_and_upgrade_settings(env, shielded, upgrade):
+    from shared.cloud.gke import spec_to_node_pool
+
+    message = spec_to_node_pool(build_node_pool(settings(**env), slice_request(pod()))[0])
+    config = message.config.shielded_instance_config
+    assert (config.enable_secure_boot, config.enable_integrity_monitoring) == shielded
+    got = message.upgrade_settings
+    assert ((got.max_surge, got.max_unavailable) if "upgrade_settings" in message else None) == upgrade
+
+
+def test_no_surge_and_no_unavailable_node_stops_the_service():
+    with pytest.raises(InvalidInputError, match="UPGRADE_MAX_SURGE=0 needs UPGRADE_MAX_UNAVAILABLE >= 1"):
+        settings(UPGRADE_MAX_SURGE="0")
