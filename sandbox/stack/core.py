@@ -156,7 +156,7 @@ class Stack:
         if c.enforce_iam:
             self.gke.set_iam(self.iam)
             self.compute.iam = self.iam
-            self.kube.set_iam(self.iam)
+            self.kube.set_iam(self.iam, anonymous=self.iam.principal_of(OPERATOR))
         self.gke.start()
         self.compute.start()
         self.gke.set_policy_lookup(self.compute.exists)  # GKE refuses a pool naming a missing policy

@@ -308,11 +308,14 @@ class KubeApiServer:
 
     # -- fault injection and accounting --------------------------------------------------------
 
-    def set_iam(self, iam: Iam | None) -> None:
-        """Authorize HTTP requests as GKE's IAM authorizer would (401 without a known token, 403
-        naming the missing ``container.*`` permission); None switches it off. In-process callers
-        (the simulated cluster's controllers) act on the store and are not checked."""
+    def set_iam(self, iam: Iam | None, anonymous: str = "") -> None:
+        """Authorize HTTP requests as GKE's IAM authorizer would (401 for an unknown token, 403
+        naming the missing ``container.*`` permission); None switches it off. A request with no
+        Authorization header acts as ``anonymous`` (401 when ""): kubectl sends no token to this
+        plain-HTTP server (seen with kubectl v1.32 -v=9), so the sandbox maps it to its operator.
+        In-process callers (the simulated cluster's controllers) act on the store and are not checked."""
         self._handler.iam = iam
+        self._handler.anonymous = anonymous
 
     def set_list_latency(self, seconds: float) -> None:
         """Delay every list response (each page of a paged list) by ``seconds`` (0: off)."""

@@ -68,6 +68,7 @@ class KubeHandler(kmock.KubernetesScaffold):
     address: str = ""
     list_latency: float = 0.0  # seconds added to every list response (one page of a paged list)
     iam: Iam | None = None  # GKE's IAM authorizer; None lets every caller do everything
+    anonymous: str = ""  # the principal of a request with no Authorization header ("": refused, 401)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """Serve one HTTP request (the aiohttp low-level handler entry point).
@@ -211,7 +212,8 @@ class KubeHandler(kmock.KubernetesScaffold):
     ) -> None:
         if self.iam is None:
             return
-        principal = self.iam.principal(request.headers.get("Authorization"))
+        header = request.headers.get("Authorization")
+        principal = self.iam.principal(header) if header else self.anonymous
         if not principal:
             raise KubeApiError(401, "Unauthorized")
         permission = k8s_permission(verb, group, plural)
