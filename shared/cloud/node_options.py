@@ -21,6 +21,7 @@ def apply_node_options(pool: Any, spec: NodePoolSpec) -> None:
 
     config = pool.config
     config.boot_disk_kms_key = spec.boot_disk_kms_key
+    config.enable_confidential_storage = spec.confidential_storage
     modes = gke.SecondaryBootDisk.Mode.__members__
     for image, mode in spec.secondary_boot_disks:
         config.secondary_boot_disks.append(

@@ -95,6 +95,9 @@ class Settings:
     # Customer-managed key of the nodes' boot disks (projects/P/locations/L/keyRings/R/cryptoKeys/K);
     # "" = Google-managed encryption. The Compute Engine service agent needs encrypt/decrypt on it.
     boot_disk_kms_key: str = ""
+    # Confidential mode for the boot disks (Hyperdisk Balanced only, and only with BOOT_DISK_KMS_KEY);
+    # a slice whose machine family boots from another disk type is refused.
+    confidential_storage: bool = False
     # Secondary boot disks that preload container images or data on every TPU node (GKE "Use
     # secondary boot disks to preload data or container images"): "projects/P/global/images/I"
     # entries, each optionally "=CONTAINER_IMAGE_CACHE" (default: a data disk). Comma-separated.
@@ -221,6 +224,9 @@ class Settings:
                 "setting UPGRADE_MAX_SURGE=0 needs UPGRADE_MAX_UNAVAILABLE >= 1 (else no node can be "
                 "upgraded)"
             )
+        if self.confidential_storage and not self.boot_disk_kms_key:
+            # A disk in confidential mode must be encrypted with a Cloud KMS key.
+            raise InvalidInputError("setting CONFIDENTIAL_STORAGE=true needs BOOT_DISK_KMS_KEY")
         if self.max_pods_per_node and not 8 <= self.max_pods_per_node <= 256:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"

@@ -68,6 +68,7 @@ class NodePoolSpec:
     disk_size_gb: int = 100
     disk_type: str = "pd-balanced"  # build_node_pool picks the machine family's default
     boot_disk_kms_key: str = ""  # Cloud KMS key of the boot disks ("" = Google-managed encryption)
+    confidential_storage: bool = False  # boot disks in confidential mode (Hyperdisk Balanced)
     # (disk image, mode) of each secondary boot disk: mode "CONTAINER_IMAGE_CACHE" or "" (data).
     secondary_boot_disks: tuple[tuple[str, str], ...] = ()
     additional_networks: tuple[tuple[str, str], ...] = ()  # (network, subnetwork) of each extra NIC

@@ -290,6 +290,13 @@ def boot_disk(settings: Settings, shape: catalog.SliceShape) -> str:
     generation, and a DISK_TYPE one generation cannot use must not stop the others.
     """
     supported = catalog.boot_disk_types(shape.machine_type)
+    chosen = settings.disk_type or supported[0]
+    if settings.confidential_storage and chosen != "hyperdisk-balanced":
+        # Confidential mode exists for Hyperdisk Balanced only.
+        raise Refused(
+            f"CONFIDENTIAL_STORAGE needs a hyperdisk-balanced boot disk, and {shape.machine_type} "
+            f"({shape.generation}) VMs boot from {chosen}"
+        )
     if not settings.disk_type:
         return supported[0]
     if settings.disk_type not in supported:
@@ -369,6 +376,7 @@ def build_node_pool(
         disk_size_gb=settings.disk_size_gb,
         disk_type=boot_disk(settings, shape),
         boot_disk_kms_key=settings.boot_disk_kms_key,
+        confidential_storage=settings.confidential_storage,
         secondary_boot_disks=settings.secondary_boot_disk_modes,
         additional_networks=settings.additional_network_pairs,
         secure_boot=settings.shielded_secure_boot,

@@ -323,6 +323,29 @@ def test_secondary_boot_disks_and_additional_networks(
         create(client, pool)
 
 
+@pytest.mark.parametrize(
+    ("disk_type", "key", "accepted"),
+    [
+        ("hyperdisk-balanced", "projects/p/locations/us-central2/keyRings/r/cryptoKeys/k", True),
+        ("hyperdisk-balanced", "", False),
+        ("pd-balanced", "projects/p/locations/us-central2/keyRings/r/cryptoKeys/k", False),
+    ],
+    ids=["hyperdisk-with-key", "no-key", "persistent-disk"],
+)
+def test_confidential_storage_needs_hyperdisk_and_a_kms_key(
+    client: gke.ClusterManagerClient, gke_emulator: GkeEmulator, disk_type: str, key: str, accepted: bool
+) -> None:
+    pool = make_pool(machine_type="ct6e-standard-4t", topology="4x4", disk_type=disk_type)
+    pool.config.boot_disk_kms_key = key
+    pool.config.enable_confidential_storage = True
+    if accepted:
+        create(client, pool)
+        assert [p["name"] for p in gke_emulator.pools(GKE_TEST_CLUSTER)] == [pool.name]
+        return
+    with pytest.raises(core.BadRequest, match="Confidential storage needs a hyperdisk-balanced boot disk"):
+        create(client, pool)
+
+
 def test_duplicate_pool_is_409(client: gke.ClusterManagerClient) -> None:
     create(client, make_pool())
     with pytest.raises(core.Conflict, match="Already exists"):

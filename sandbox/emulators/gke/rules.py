@@ -198,6 +198,12 @@ def _check_boot_disk_kms_key(config: Any) -> None:
     # NodeConfig.boot_disk_kms_key is a full Cloud KMS CryptoKey name (container_v1 reference). GKE's
     # refusal text for a malformed one was not found; this says the same in its style.
     key = config.boot_disk_kms_key
+    if config.enable_confidential_storage and (not key or config.disk_type != "hyperdisk-balanced"):
+        # Confidential mode exists for Hyperdisk Balanced only and needs a Cloud KMS key; GKE's
+        # refusal text was not found.
+        raise invalid(
+            "Confidential storage needs a hyperdisk-balanced boot disk encrypted with a boot_disk_kms_key."
+        )
     if key and not _KMS_KEY_RE.match(key):
         raise invalid(
             f"Invalid value for field 'node_pool.config.boot_disk_kms_key': {key!r}. Expected "

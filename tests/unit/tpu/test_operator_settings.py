@@ -213,3 +213,29 @@ def test_shielded_and_upgrade_settings(env, shielded, upgrade):
 def test_no_surge_and_no_unavailable_node_stops_the_service():
     with pytest.raises(InvalidInputError, match="UPGRADE_MAX_SURGE=0 needs UPGRADE_MAX_UNAVAILABLE >= 1"):
         settings(UPGRADE_MAX_SURGE="0")
+
+
+def _shaped(accelerator: str, topology: str):
+    jobset = tpu_jobset("train", "team-a", uid="u-1", replicas=1, accelerator=accelerator, topology=topology)
+    return slice_request(expand_pods(jobset)[0])
+
+
+def test_confidential_storage_on_a_hyperdisk_generation():
+    from shared.cloud.gke import spec_to_node_pool
+
+    spec, _ = build_node_pool(
+        settings(CONFIDENTIAL_STORAGE="true", BOOT_DISK_KMS_KEY=KEY), _shaped("tpu-v6e-slice", "2x4")
+    )
+    assert (spec.disk_type, spec.confidential_storage) == ("hyperdisk-balanced", True)
+    assert spec_to_node_pool(spec).config.enable_confidential_storage
+
+
+def test_confidential_storage_refuses_a_slice_that_boots_from_persistent_disk():
+    confidential = settings(CONFIDENTIAL_STORAGE="true", BOOT_DISK_KMS_KEY=KEY)
+    with pytest.raises(Refused, match="CONFIDENTIAL_STORAGE needs a hyperdisk-balanced boot disk, and "):
+        build_node_pool(confidential, _shaped("tpu-v5p-slice", "2x2x2"))
+
+
+def test_confidential_storage_without_a_kms_key_stops_the_service():
+    with pytest.raises(InvalidInputError, match="CONFIDENTIAL_STORAGE=true needs BOOT_DISK_KMS_KEY"):
+        settings(CONFIDENTIAL_STORAGE="true")
