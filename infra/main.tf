@@ -112,6 +112,7 @@ resource "google_project_service" "apis" {
   for_each = toset(concat([
     "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
     "container.googleapis.com",
     "iam.googleapis.com",
     "logging.googleapis.com",
