@@ -9,6 +9,7 @@ real scheduler binds the pods to the pool's KWOK nodes and the JobSet completes.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -101,8 +102,11 @@ def test_the_release_crds_are_served(cluster: RealCluster) -> None:
 
 
 def test_a_queued_jobset_is_suspended_admitted_placed_exclusively_and_completes(cluster: RealCluster) -> None:
+    # Applied with apply_kueue's own token: its role in infra/ must be enough for the queues.
     queues = to_yaml(render(load_config()))
-    applied = cluster.kubectl("apply", "--server-side", "-f", "-", input=queues).stdout
+    applied = cluster.kubectl(
+        "apply", "--server-side", "-f", "-", input=queues, identity="apply_kueue"
+    ).stdout
     assert "clusterqueue.kueue.x-k8s.io/cluster-queue serverside-applied" in applied
     api = cluster.client()
     register_pool_nodes(
@@ -167,3 +171,30 @@ def test_a_queued_jobset_is_suspended_admitted_placed_exclusively_and_completes(
         return jobset if done else None
 
     eventually(completed, 90, "JobSet Completed", cluster)
+
+
+def test_a_jobset_deletion_is_in_the_audit_log(cluster: RealCluster) -> None:
+    api = cluster.client()
+    jobset = multislice_jobset("audited")
+    del jobset["metadata"]["labels"]  # not queued: nothing else to wait for
+    api.create(JOBSETS, jobset)
+    assert api.delete(f"{JOBSETS}/audited")
+
+    def deletion() -> dict[str, Any] | None:
+        entries = [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
+        found = [
+            e
+            for e in entries
+            if e["verb"] == "delete"
+            and e["objectRef"]["resource"] == "jobsets"
+            and e["objectRef"]["name"] == "audited"
+        ]
+        return found[-1] if found else None
+
+    entry = eventually(deletion, 30, "audit entry of the deletion", cluster)
+    assert entry["level"] == "Metadata"
+    assert entry["stage"] == "ResponseComplete"
+    assert entry["objectRef"]["apiGroup"] == "jobset.x-k8s.io"
+    assert entry["objectRef"]["namespace"] == "default"
+    assert entry["user"]["username"] == "sandbox-admin"
+    assert entry["responseStatus"]["code"] == 200
