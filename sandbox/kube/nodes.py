@@ -1,23 +1,29 @@
 """Node objects of a GKE node pool, registered in the real API server; KWOK then keeps them Ready.
 
 GKE registers one Node per VM of a pool (``gke-<cluster>-<pool>-<i>``) with its labels: the node
-pool, the TPU accelerator and topology, the zone, spot/flex-start, and the pool's own node labels,
-and ``google.com/tpu`` capacity of the chips on one VM (what ``sandbox/cluster/nodes.py`` gives the
-stand-in cluster). Here the Node is created without conditions, as a kubelet registers it: KWOK's
-``node-ready`` Stage is what makes it Ready. Deleting a pool deletes its Nodes; what becomes of
-the pods bound to them is the real controller manager's pod GC.
+pool, the TPU accelerator, chip count and topology, zone and region, Spot/flex-start, the
+reservation it consumes and the pool's own node labels, and ``google.com/tpu`` capacity of the
+chips on one VM. These are the Nodes ``sandbox/cluster/nodes.py`` gives the stand-in cluster
+(``tests/sandbox/real/test_pool_nodes.py`` holds the two to the same shape until the stand-in goes),
+except that here a Node is created without conditions, as a kubelet registers it: KWOK's
+``node-ready`` Stage is what makes it Ready. Deleting a pool deletes its Nodes; what becomes of the
+pods bound to them is the real controller manager's pod GC.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandbox.emulators.gke.pool_capacity import NODES_KEY
 from sandbox.kube.api import ApiError, KubeClient
 from shared.core import labels
+from shared.tpu import catalog
 
 FLEX_START = "cloud.google.com/gke-flex-start"
+REGION = "topology.kubernetes.io/region"
 NODES = "/api/v1/nodes"
 
 
@@ -33,7 +39,69 @@ class PoolNodes:
     chips_per_node: int = 0
     spot: bool = False
     flex_start: bool = False
-    node_labels: Mapping[str, str] = field(default_factory=dict)
+    node_labels: Mapping[str, str] = field(default_factory=dict)  # the pool's own, and reservation's
+    max_pods: int = 110  # the kubelet's pod capacity: the pool's max pods per node
+
+
+def _reservation_labels(affinity: Mapping[str, Any]) -> dict[str, str]:
+    # The reservation a node consumes: its name, and its project when given as a shared one's path.
+    values = [str(v) for v in affinity.get("values") or []]
+    if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION" or not values:
+        return {}
+    if values[0].startswith("projects/"):
+        parts = values[0].split("/")
+        return {labels.RESERVATION_NAME: parts[-1], labels.RESERVATION_PROJECT: parts[1]}
+    return {labels.RESERVATION_NAME: values[0]}
+
+
+def _single_host_topology(accelerator: str, chips: int) -> str:
+    # The topology GKE labels a one-VM slice with: the accelerator's topology of that many chips.
+    for info in catalog.accelerators():
+        if info.accelerator == accelerator:
+            for topology in info.topologies:
+                if math.prod(int(d) for d in topology.split("x")) == chips:
+                    return topology
+    return ""
+
+
+def pool_from_gke(pool: Mapping[str, Any], policy_topology: Callable[[str], str] | None = None) -> PoolNodes:
+    """What GKE registers for a RUNNING pool given as the GKE emulator's JSON (camelCase).
+
+    The node count is the emulator's per-zone count when it has one (a flex-start pool is RUNNING
+    with none until capacity is granted), else ``initialNodeCount`` in each location. A pool placed
+    by a named workload policy takes its topology from ``policy_topology(name)``.
+    """
+    config = pool.get("config") or {}
+    machine_type = str(config.get("machineType", ""))
+    zones = pool.get(NODES_KEY)
+    if zones is None:
+        count = int(pool.get("initialNodeCount") or 0)
+        zones = {zone: count for zone in pool.get("locations") or [""]}
+    accelerator = catalog.accelerator_for_machine_type(machine_type) or ""
+    chips = catalog.machine_type_chips(machine_type) or 0
+    placement = pool.get("placementPolicy") or {}
+    topology = str(placement.get("tpuTopology", ""))
+    if accelerator and not topology and placement.get("policyName") and policy_topology is not None:
+        topology = policy_topology(str(placement["policyName"]))
+    if accelerator and not topology:
+        topology = _single_host_topology(accelerator, chips)
+    own_labels = {str(k): str(v) for k, v in (config.get("labels") or {}).items()}
+    return PoolNodes(
+        pool=str(pool.get("name", "")),
+        machine_type=machine_type,
+        zones={str(z): int(n) for z, n in zones.items()},
+        accelerator=accelerator,
+        topology=topology,
+        chips_per_node=chips if accelerator else 0,
+        spot=bool(config.get("spot")) and bool(accelerator),
+        flex_start=bool(config.get("flexStart")) and bool(accelerator),
+        node_labels={**_reservation_labels(config.get("reservationAffinity") or {}), **own_labels},
+        max_pods=int((pool.get("maxPodsConstraint") or {}).get("maxPodsPerNode") or 110),
+    )
+
+
+def _zone_labels(zone: str) -> dict[str, str]:
+    return {labels.ZONE: zone, REGION: zone.rsplit("-", 1)[0]} if zone else {}
 
 
 def node_manifests(cluster: str, spec: PoolNodes) -> list[dict[str, Any]]:
@@ -41,16 +109,18 @@ def node_manifests(cluster: str, spec: PoolNodes) -> list[dict[str, Any]]:
     common = {
         labels.NODEPOOL: spec.pool,
         "node.kubernetes.io/instance-type": spec.machine_type,
+        "kubernetes.io/os": "linux",
         **{str(k): str(v) for k, v in spec.node_labels.items()},
     }
-    capacity = {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    capacity = {"cpu": "4", "memory": "16Gi", "pods": str(spec.max_pods)}
     if spec.accelerator:
         common[labels.TPU_ACCELERATOR] = spec.accelerator
+        common[labels.ACCELERATOR_COUNT] = str(spec.chips_per_node)
         common[labels.TPU_TOPOLOGY] = spec.topology
         capacity = {
             "cpu": "180",
             "memory": "720Gi",
-            "pods": "110",
+            "pods": str(spec.max_pods),
             labels.TPU_RESOURCE: str(spec.chips_per_node),
         }
     if spec.spot:
@@ -58,7 +128,7 @@ def node_manifests(cluster: str, spec: PoolNodes) -> list[dict[str, Any]]:
     if spec.flex_start:
         common[FLEX_START] = "true"
     manifests = []
-    zones = [zone for zone, count in sorted(spec.zones.items()) for _ in range(count)]
+    zones = [zone for zone, count in spec.zones.items() for _ in range(count)]
     for index, zone in enumerate(zones):
         name = f"gke-{cluster}-{spec.pool}-{index}"
         manifests.append(
@@ -67,9 +137,13 @@ def node_manifests(cluster: str, spec: PoolNodes) -> list[dict[str, Any]]:
                 "kind": "Node",
                 "metadata": {
                     "name": name,
-                    "labels": {**common, labels.ZONE: zone, "kubernetes.io/hostname": name},
+                    "labels": {
+                        **common,
+                        **_zone_labels(zone),
+                        "kubernetes.io/hostname": name,
+                    },
                 },
-                "spec": {"providerID": f"gce://sandbox/{zone}/{name}"},
+                "spec": {"providerID": f"gce://sandbox/{zone or 'zone'}/{name}"},
                 "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
             }
         )
