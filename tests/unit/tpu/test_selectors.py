@@ -293,3 +293,29 @@ def test_a_single_host_pool_lists_no_topology_and_is_not_a_misfit_for_it():
     request, spec, _ = _built(topology="2x2", selectors={})
     pool = _pool(machine_type=spec.machine_type, node_count=1, tpu_topology="")
     assert selectors.misfit(request.selected, pool, spec) == ""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {labels.SPOT: "true", labels.ICI_RESILIENCY: "false"},
+        {labels.RESERVATION_NAME: "res-1", labels.RESERVATION_PROJECT: "other-proj"},
+        {labels.LOCATION_HINT: "cell-a", labels.ZONE: "us-east5-c"},
+    ],
+    ids=["spot", "shared-reservation", "hint-and-zone"],
+)
+def test_predicted_node_labels_are_the_simulated_nodes_labels(extra):
+    # The simulated cluster labels Nodes from the pool GKE reports (sandbox.cluster.nodes); what the
+    # product predicts for the pool it sends must be exactly that, or a pod could pend on it.
+    from google.cloud import container_v1
+    from google.protobuf import json_format
+
+    from sandbox.cluster.nodes import node_objects
+    from shared.cloud.gke import spec_to_node_pool
+
+    _, spec, shape = _built(accelerator="tpu-v5p-slice", topology="2x2x2", selectors=extra)
+    sent = json_format.MessageToDict(container_v1.NodePool.pb(spec_to_node_pool(spec)))
+    for node in node_objects("c", sent):
+        found = dict(node["metadata"]["labels"])
+        found.pop("kubernetes.io/hostname")
+        assert found == selectors.spec_node_labels(spec, shape.topology)
