@@ -260,6 +260,10 @@ class FakeKube:
         self.cordons: list[tuple[str, bool, str]] = []
         self.annotations: list[tuple[str, str, dict[str, str | None], str]] = []
         self.before_annotate: Callable[[str, str], None] | None = None  # runs as an annotate arrives
+        self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
+        self.flavors: dict[str, dict[str, Any]] = {}
+        self.admission_checks: dict[str, str] = {}  # AdmissionCheck name -> its Active message ("" unset)
+        self.check_writes: list[tuple[str, str, dict[str, Any]]] = []
         self.reads = 0
         self.down = False
 
@@ -290,6 +294,7 @@ class FakeKube:
                 "kind": "Node",
                 "metadata": {"name": name, "labels": node_labels},
                 "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},  # as its kubelet reports
             }
             names.append(name)
         return names
@@ -437,3 +442,49 @@ class FakeKube:
     def reasons(self) -> list[str]:
         """The reasons of all recorded Events, in order."""
         return [e["reason"] for e in self.events]
+
+    # -- Kueue (admission check) ---------------------------------------------------------------------
+
+    def add_workload(self, workload: dict[str, Any]) -> None:
+        """Store a Kueue Workload."""
+        meta = workload["metadata"]
+        self.workloads[(meta.get("namespace", "default"), meta["name"])] = workload
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """One Workload or NotFoundError."""
+        self._read()
+        try:
+            return copy.deepcopy(self.workloads[(namespace, name)])
+        except KeyError:
+            raise NotFoundError(f'404 workloads.kueue.x-k8s.io "{name}" not found') from None
+
+    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Workloads, optionally in one namespace."""
+        self._read()
+        return [copy.deepcopy(w) for (ns, _), w in sorted(self.workloads.items()) if namespace in (None, ns)]
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any]:
+        """One ResourceFlavor or NotFoundError."""
+        self._read()
+        try:
+            return copy.deepcopy(self.flavors[name])
+        except KeyError:
+            raise NotFoundError(f'404 resourceflavors.kueue.x-k8s.io "{name}" not found') from None
+
+    def set_admission_check_state(self, namespace: str, name: str, state: Mapping[str, Any]) -> None:
+        """Replace the Workload's check entry of that name (as a server-side apply of a list map does)."""
+        if self.down:
+            raise TransientError("Kubernetes API unreachable: connection refused")
+        stored = self.workloads.get((namespace, name))
+        if stored is None:
+            raise NotFoundError(f'404 workloads.kueue.x-k8s.io "{name}" not found')
+        checks = stored.setdefault("status", {}).setdefault("admissionChecks", [])
+        kept = [c for c in checks if c.get("name") != state.get("name")]
+        stored["status"]["admissionChecks"] = [*kept, dict(state)]
+        self.check_writes.append((namespace, name, dict(state)))
+
+    def set_admission_check_active(self, name: str, message: str) -> None:
+        """Record that the AdmissionCheck was marked Active."""
+        if name not in self.admission_checks:
+            raise NotFoundError(f'404 admissionchecks.kueue.x-k8s.io "{name}" not found')
+        self.admission_checks[name] = message

@@ -35,6 +35,9 @@ from shared.core.settings import Settings
 log = logs.get("kube")
 
 JOBSET_PATH = f"/apis/{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
+KUEUE_PATH = "/apis/kueue.x-k8s.io/v1beta2"
+# The field manager of the check's status entries (server-side apply owns only what it sets).
+CHECK_FIELD_MANAGER = "tpu-provisioner-admission-check"
 
 
 def _now() -> str:
@@ -231,6 +234,63 @@ class KubeClient:
             )
         except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
             logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
+
+
+    # -- Kueue (the admission check) -------------------------------------------------------------
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """One Kueue Workload. Raises NotFoundError."""
+        return dict(self._call("GET", f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads/{quote(name)}"))
+
+    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Kueue Workloads, optionally in one namespace (paged)."""
+        if namespace:
+            return self._list(f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads")
+        return self._list(f"{KUEUE_PATH}/workloads")
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any]:
+        """One Kueue ResourceFlavor. Raises NotFoundError."""
+        return dict(self._call("GET", f"{KUEUE_PATH}/resourceflavors/{quote(name)}"))
+
+    def _apply_status(self, path: str, body: dict[str, Any]) -> None:
+        # admissionChecks and conditions are list maps keyed by name/type: an apply owns only the
+        # entry it sends, so Kueue's and other controllers' entries are never overwritten.
+        request_json(
+            self.api_client,
+            "PATCH",
+            f"{path}/status",
+            {"fieldManager": CHECK_FIELD_MANAGER, "force": "true"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+            timeout=self.timeout,
+        )
+
+    def set_admission_check_state(self, namespace: str, name: str, state: Mapping[str, Any]) -> None:
+        """Server-side apply of this product's ``status.admissionChecks`` entry on a Workload."""
+        body = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"admissionChecks": [dict(state)]},
+        }
+        self._apply_status(f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads/{quote(name)}", body)
+
+    def set_admission_check_active(self, name: str, message: str) -> None:
+        """Server-side apply of the AdmissionCheck's ``Active=True`` condition."""
+        condition = {
+            "type": "Active",
+            "status": "True",
+            "reason": "Active",
+            "message": message[:32768],
+            "lastTransitionTime": _now(),
+        }
+        body = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "AdmissionCheck",
+            "metadata": {"name": name},
+            "status": {"conditions": [condition]},
+        }
+        self._apply_status(f"{KUEUE_PATH}/admissionchecks/{quote(name)}", body)
 
 
 def request_json(

@@ -51,6 +51,13 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     "KubeAPI.annotate_jobset": ("container.thirdPartyObjects.update",),  # PATCH (failure record)
     # POST the Event; a repeat meets 409, is read back and its count PATCHed.
     "KubeAPI.record_event": ("container.events.create", "container.events.get", "container.events.update"),
+    # Kueue's Workloads, ResourceFlavors and AdmissionChecks are custom resources; a server-side
+    # apply of a status subresource is a PATCH (update).
+    "KubeAPI.get_workload": ("container.thirdPartyObjects.get",),
+    "KubeAPI.list_workloads": ("container.thirdPartyObjects.list",),
+    "KubeAPI.get_resource_flavor": ("container.thirdPartyObjects.get",),
+    "KubeAPI.set_admission_check_state": ("container.thirdPartyObjects.update",),
+    "KubeAPI.set_admission_check_active": ("container.thirdPartyObjects.update",),
 }
 
 # Any call to the cluster's Kubernetes API: through GKE's DNS-based control-plane endpoint (the

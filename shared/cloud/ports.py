@@ -134,6 +134,28 @@ class KubeAPI(Protocol):
         """Record a core/v1 Event about ``involved`` (an object dict with apiVersion/kind/metadata)."""
         ...
 
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
+        """One Kueue Workload. Raises NotFoundError."""
+        ...
+
+    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Kueue Workloads, optionally in one namespace."""
+        ...
+
+    def get_resource_flavor(self, name: str) -> dict[str, Any]:
+        """One Kueue ResourceFlavor (cluster-scoped). Raises NotFoundError."""
+        ...
+
+    def set_admission_check_state(self, namespace: str, name: str, state: Mapping[str, Any]) -> None:
+        """Set this product's entry of ``status.admissionChecks`` on a Workload (server-side apply of
+        the status subresource: the other checks' entries are untouched). Raises NotFoundError."""
+        ...
+
+    def set_admission_check_active(self, name: str, message: str) -> None:
+        """Set an AdmissionCheck's ``Active`` condition to True (its controller is running); Kueue
+        keeps the ClusterQueues using an inactive check inactive. Raises NotFoundError."""
+        ...
+
 
 class ObjectAPI(Protocol):
     """Generic Kubernetes object calls. Objects are JSON dicts; errors are ``shared.core.errors``."""

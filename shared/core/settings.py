@@ -167,6 +167,9 @@ class Settings:
     kueue_config_path: str = ""
     jobset_version: str = "v0.10.1"
     kueue_version: str = "v0.19.2"
+    # The Kueue AdmissionCheck whose controller this product is (controllerName tpuprov.dev/tpu-slices):
+    # Workloads of ClusterQueues using it get all their slices before Kueue admits them.
+    admission_check_name: str = "tpu-slices"
     # Bounds of one setup run; the total must stay inside Cloud Run's request timeout.
     setup_timeout_seconds: int = 280
     setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long

@@ -1,0 +1,395 @@
+"""The admission check controller: a Workload's TPU slices, all of them, before Kueue admits it.
+
+Kueue reserves quota for a Workload in a ClusterQueue whose ``admissionChecksStrategy`` names the
+product's AdmissionCheck (``ADMISSION_CHECK_NAME``, controllerName ``tpuprov.dev/tpu-slices``), then
+waits for the check's state in ``status.admissionChecks``. :meth:`AdmissionChecker.handle` (on
+Kueue's ``QuotaReserved`` Event, on each finished node-pool operation, and from reconcile's sweep)
+reads the Workload and its JobSet, derives every slice exactly as provision does
+(``shared.tpu.workloads``), requests every missing pool at once (fan-out within GKE's operation
+slots and the delivery's deadline, as provision does) and sets the state ``shared.provisioning.admission``
+decides. Every state change is an Event on the Workload and on the JobSet and a decision log line
+(``admission.<state>``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.cloud.retry import Budget
+from shared.core import labels, logs
+from shared.core.errors import AlreadyExistsError, NotFoundError, Refused, TransientError
+from shared.core.settings import Settings
+from shared.provisioning import backoff, slots
+from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
+from shared.provisioning.fallback import Attempts, Fallback
+from shared.provisioning.fanout import fan_out
+from shared.provisioning.guard import MANAGED_NODES
+from shared.provisioning.policies import WorkloadPolicies
+from shared.provisioning.requests import Create, create_why, guardrail
+from shared.tpu import catalog
+from shared.tpu.nodepools import STATUS_ERROR, ClusterInfo, NodePoolInfo
+from shared.tpu.workloads import (
+    PENDING,
+    READY,
+    REJECTED,
+    RETRY,
+    WorkloadSlice,
+    WorkloadView,
+    parse_workload,
+    workload_slices,
+)
+
+log = logs.get("admission")
+
+CONTROLLER_NAME = f"{labels.PRODUCT_DOMAIN}/tpu-slices"
+REASONS = {
+    PENDING: "TPUSlicesPending",
+    READY: "TPUSlicesReady",
+    RETRY: "TPUSlicesRetry",
+    REJECTED: "TPUSlicesRejected",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """What one look at a Workload did: the state set ("" when the check did not act) and why."""
+
+    workload: str
+    state: str
+    why: str
+    created: tuple[str, ...] = ()
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _node_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class AdmissionChecker:
+    """Provisions the slices of Workloads that wait for the product's admission check."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        wall_clock: Callable[[], float] = time.time,
+        policies: WorkloadPolicies | None = None,
+    ) -> None:
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.policies = policies
+        self.check = settings.admission_check_name
+        self.backoff = backoff.Backoff(settings, kube, wall_clock)
+        self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
+        self._cluster: ClusterInfo | None = None
+        self.operation_limit: int | None = settings.gke_operation_limit or None
+
+    def cluster(self) -> ClusterInfo:
+        if self._cluster is None:
+            self._cluster = self.gke.get_cluster(self.settings.cluster_path)
+        return self._cluster
+
+    # -- entry points ---------------------------------------------------------------------------
+
+    def handle(self, namespace: str, name: str, trigger: str = "") -> CheckResult:
+        """Look at one Workload (e.g. on its QuotaReserved Event) and move its check on."""
+        try:
+            workload = parse_workload(self.kube.get_workload(namespace, name))
+        except NotFoundError:
+            return self._skip(f"{namespace}/{name}", "Workload no longer exists")
+        return self.evaluate(workload, trigger)
+
+    def sweep(self, trigger: str = "reconcile sweep") -> list[CheckResult]:
+        """Every Workload whose check by this product is Pending with quota reserved (the safety net
+        for a lost QuotaReserved Event; also what turns Pending into Ready once pools are up)."""
+        results = []
+        for obj in self.kube.list_workloads():
+            workload = parse_workload(obj)
+            state = workload.check(self.check)
+            if state is not None and state.state == PENDING and workload.has("QuotaReserved"):
+                results.append(self.evaluate(workload, trigger))
+        return results
+
+    def keep_active(self) -> bool:
+        """Set the AdmissionCheck's Active condition (False when the cluster has no such check)."""
+        try:
+            self.kube.set_admission_check_active(
+                self.check, f"{CONTROLLER_NAME} provisions every TPU slice of a Workload before admission"
+            )
+        except NotFoundError:
+            return False
+        return True
+
+    # -- one Workload -----------------------------------------------------------------------------
+
+    def evaluate(self, workload: WorkloadView, trigger: str = "") -> CheckResult:
+        """Decide and write the check state of ``workload`` (already read)."""
+        state = workload.check(self.check)
+        if state is None:
+            return self._skip(workload.key, f"its ClusterQueue does not use admission check {self.check}")
+        if state.state in (READY, REJECTED, RETRY):
+            return self._skip(workload.key, f"check is {state.state} already")
+        if workload.done:
+            return self._skip(workload.key, f"Workload is {workload.done}")
+        if not workload.has("QuotaReserved"):
+            return self._skip(workload.key, "no quota reserved yet")
+        with logs.bound(workload=workload.key, jobset=f"{workload.namespace}/{workload.owner_name}"):
+            verdict, created = self._verdict(workload)
+            self._write(workload, state.state, state.message, state.last_transition, verdict, trigger)
+            return CheckResult(workload.key, verdict.state, verdict.message, created)
+
+    def _verdict(self, workload: WorkloadView) -> tuple[CheckVerdict, tuple[str, ...]]:
+        if workload.owner_kind != "JobSet":
+            return CheckVerdict(READY, f"owned by a {workload.owner_kind or 'nothing'}: no TPU slices"), ()
+        try:
+            jobset = self.kube.get_jobset(workload.namespace, workload.owner_name)
+        except NotFoundError:
+            return CheckVerdict(REJECTED, f"JobSet {workload.owner_name} does not exist"), ()
+        try:
+            slices = workload_slices(jobset, workload.pod_sets, self._flavor_labels(workload))
+            refusal = self._guardrail(slices)
+        except Refused as exc:
+            return decide([], exc.why), ()
+        if refusal:
+            return decide([], refusal), ()
+        pools = {p.name: p for p in self.gke.list_node_pools(self.settings.cluster_path)}
+        states = self._states(jobset, slices, pools)
+        verdict = decide(states)
+        created: tuple[str, ...] = ()
+        if verdict.state == PENDING and verdict.create:
+            created, verdict = self._create(jobset, slices, verdict, list(pools.values()))
+        if verdict.state == READY:
+            return _with_updates(verdict, self._pod_set_updates(slices)), created
+        return verdict, created
+
+    def _flavor_labels(self, workload: WorkloadView) -> dict[str, dict[str, str]]:
+        """Per pod set, the node labels of the flavor its TPU chips were assigned (Kueue writes them
+        into the pod template only on admission; the slices must be known before)."""
+        found: dict[str, dict[str, str]] = {}
+        cache: dict[str, dict[str, str]] = {}
+        for assignment in workload.assignments:
+            flavor = assignment.flavors.get(labels.TPU_RESOURCE, "")
+            if not flavor:
+                continue
+            if flavor not in cache:
+                try:
+                    obj = self.kube.get_resource_flavor(flavor)
+                except NotFoundError:
+                    raise Refused(f"ResourceFlavor {flavor} does not exist") from None
+                node_labels = (obj.get("spec") or {}).get("nodeLabels") or {}
+                cache[flavor] = {str(k): str(v) for k, v in node_labels.items()}
+            found[assignment.name] = cache[flavor]
+        return found
+
+    def _guardrail(self, slices: list[WorkloadSlice]) -> str:
+        for item in slices:
+            request = item.request
+            try:
+                shape = catalog.resolve(request.accelerator, request.topology, request.chips_per_vm)
+            except catalog.UnsupportedShape as exc:
+                return str(exc)
+            why = guardrail(self.settings, request, shape.total_chips)
+            if why:
+                return f"{request.slice_id.describe()}: {why}"
+        return ""
+
+    def _states(
+        self, jobset: dict[str, Any], slices: list[WorkloadSlice], pools: Mapping[str, NodePoolInfo]
+    ) -> list[SliceState]:
+        failures = backoff.failures(jobset)
+        now = self.backoff.clock()
+        nodes: dict[str, int] | None = None
+        states = []
+        for item in slices:
+            name = item.request.pool_name
+            pool = pools.get(name)
+            failure = failures.get(name)
+            retry_in = max(0.0, backoff.retry_at(self.settings, failure) - now) if failure else 0.0
+            failed = ""
+            if pool is not None and pool.status == STATUS_ERROR:
+                recorded = self.fallback.report(item.request, pool)
+                failed = pool.status_message or "status ERROR"
+                if recorded is not None:
+                    retry_in = max(0.0, backoff.retry_at(self.settings, recorded) - now)
+                    if recorded.next or retry_in == 0:
+                        failed = ""  # falling back now, or recycled at once: the slice is retried
+            elif pool is None and failure is not None and retry_in > 0:
+                failed = f"attempt {failure.attempts} failed"
+            ready = 0
+            if pool is not None and pool.status == "RUNNING":
+                if nodes is None:
+                    nodes = {}
+                    for node in self.kube.list_nodes(MANAGED_NODES):
+                        pool_label = ((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL)
+                        if pool_label and _node_ready(node):
+                            nodes[pool_label] = nodes.get(pool_label, 0) + 1
+                ready = nodes.get(name, 0)
+            states.append(
+                SliceState(
+                    pool=name,
+                    status=pool.status if pool is not None else MISSING,
+                    nodes=pool.node_count if pool is not None else 0,
+                    nodes_ready=ready,
+                    failed=failed,
+                    retry_in=retry_in,
+                )
+            )
+        return states
+
+    def _create(
+        self,
+        jobset: dict[str, Any],
+        slices: list[WorkloadSlice],
+        verdict: CheckVerdict,
+        pools: list[NodePoolInfo],
+    ) -> tuple[tuple[str, ...], CheckVerdict]:
+        """Create every missing pool at once (within free operation slots and the deadline)."""
+        from shared.tpu.slices import build_node_pool
+
+        missing = set(verdict.create)
+        wanted: list[Create] = []
+        shapes: dict[str, catalog.SliceShape] = {}
+        failures = backoff.failures(jobset)
+        for item in slices:
+            request = item.request
+            if request.pool_name not in missing:
+                continue
+            try:
+                attempts = Attempts(self.fallback.options(request, jobset), failures)
+                spec, shape = build_node_pool(
+                    self.settings, request, self.cluster(), attempts.option(request.pool_name)
+                )
+            except Refused as exc:
+                return (), decide([], f"{request.slice_id.describe()}: {exc.why}")
+            wanted.append(Create(request, spec, request.slice_id.describe()))
+            shapes[spec.name] = shape
+        free = slots.free(self.operation_limit, pools)
+        sendable = wanted if free is None else wanted[:free]
+
+        def send(item: Create) -> None:
+            why = f"{create_why(item, shapes[item.spec.name])} (admission check of its Workload)"
+            if self.policies is not None:
+                self.policies.ensure_for(item.spec, why)
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
+
+        budget = Budget(self.settings.request_deadline_seconds)
+        result = fan_out(sendable, send, self.settings.create_concurrency, budget)
+        created: list[str] = []
+        refused: list[str] = []  # capacity refused with no fallback left: the slice backs off
+        rejected: list[str] = []  # GKE will never build it as asked
+        wait = 0.0
+        for sent, error in result.sent:
+            refusal = backoff.refused_capacity(error) if error is not None else ""
+            if refusal:
+                failure = self.fallback.refused(sent.request, jobset, sent.spec, refusal)
+                if not failure.next:
+                    refused.append(f"{sent.spec.name} ({refusal})")
+                    wait = max(wait, backoff.retry_at(self.settings, failure) - self.backoff.clock())
+                continue
+            if error is None:
+                created.append(sent.spec.name)
+            elif isinstance(error, TransientError | AlreadyExistsError):
+                continue  # made already, or a 429/busy answer: the next look sends it again
+            else:
+                rejected.append(f"GKE rejected pool {sent.spec.name}: {error.why}")
+        if created:
+            message = f"requested node pools {', '.join(created)} for its Workload's admission check"
+            self.kube.record_event(_jobset_ref(jobset), labels.REASON_REQUESTED, message)
+        if rejected:
+            return tuple(created), decide([], "; ".join(rejected))
+        if refused:
+            seconds = max(1, math.ceil(wait))
+            why = f"{verdict.message}; could not provision {', '.join(refused)}; retry in {seconds}s"
+            return tuple(created), CheckVerdict(RETRY, why, requeue_after=seconds)
+        return tuple(created), verdict
+
+    def _pod_set_updates(self, slices: list[WorkloadSlice]) -> dict[str, dict[str, str]]:
+        """nodeSelector entries each pod set needs and its template lacks (the flavor's labels)."""
+        updates: dict[str, dict[str, str]] = {}
+        for item in slices:
+            if item.missing_selector:
+                updates.setdefault(item.pod_set, {}).update(item.missing_selector)
+        return updates
+
+    # -- writing the state -----------------------------------------------------------------------
+
+    def _write(
+        self,
+        workload: WorkloadView,
+        previous: str,
+        previous_message: str,
+        previous_time: str,
+        verdict: CheckVerdict,
+        trigger: str,
+    ) -> None:
+        changed = verdict.state != previous
+        if not changed and verdict.message == previous_message:
+            return  # nothing new to say: no write, no Event
+        entry: dict[str, Any] = {
+            "name": self.check,
+            "state": verdict.state,
+            "message": verdict.message[:32768],
+            # Kueue counts requeueAfterSeconds from the transition: keep it unless the state moves.
+            "lastTransitionTime": _now() if changed or not previous_time else previous_time,
+        }
+        if verdict.requeue_after is not None:
+            entry["requeueAfterSeconds"] = int(verdict.requeue_after)
+        updates = _updates_of(verdict)
+        if updates:
+            entry["podSetUpdates"] = [{"name": k, "nodeSelector": v} for k, v in sorted(updates.items())]
+        self.kube.set_admission_check_state(workload.namespace, workload.name, entry)
+        level = logging.WARNING if verdict.state in (RETRY, REJECTED) else logging.INFO
+        logs.decision(
+            log,
+            "admission.ready"
+            if verdict.state == READY
+            else "admission.retry"
+            if verdict.state == RETRY
+            else "admission.rejected"
+            if verdict.state == REJECTED
+            else "admission.pending",
+            f"Workload {workload.key}: {verdict.message}" + (f" ({trigger})" if trigger else ""),
+            level,
+            check=self.check,
+            requeue_after=verdict.requeue_after,
+        )
+        if changed or verdict.state == PENDING:
+            warning = verdict.state in (RETRY, REJECTED)
+            reason = REASONS[verdict.state]
+            self.kube.record_event(workload.ref, reason, verdict.message, warning=warning)
+            if workload.owner_kind == "JobSet":
+                self.kube.record_event(workload.jobset_ref, reason, verdict.message, warning=warning)
+
+    def _skip(self, key: str, why: str) -> CheckResult:
+        logs.decision(log, "admission.skipped", f"Workload {key}: {why}", logging.DEBUG)
+        return CheckResult(key, "", why)
+
+
+def _with_updates(verdict: CheckVerdict, updates: dict[str, dict[str, str]]) -> CheckVerdict:
+    pairs = tuple(sorted((name, tuple(sorted(selector.items()))) for name, selector in updates.items()))
+    return dataclasses.replace(verdict, pod_set_updates=pairs)
+
+
+def _updates_of(verdict: CheckVerdict) -> dict[str, dict[str, str]]:
+    return {name: dict(pairs) for name, pairs in verdict.pod_set_updates}
+
+
+def _jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": jobset.get("metadata") or {},
+    }
