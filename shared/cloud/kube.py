@@ -235,7 +235,6 @@ class KubeClient:
         except (TransientError, RejectedError, NotFoundError, AlreadyExistsError) as exc:
             logs.decision(log, "event.unrecorded", f"could not record {reason} Event: {exc.why}")
 
-
     # -- Kueue (the admission check) -------------------------------------------------------------
 
     def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
