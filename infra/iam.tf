@@ -64,3 +64,13 @@ resource "google_kms_crypto_key_iam_member" "pubsub_cmek" {
   role          = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
   member        = local.pubsub_service_agent
 }
+
+# Customer-managed boot-disk encryption (BOOT_DISK_KMS_KEY, set through extra_env): Compute Engine's
+# service agent encrypts the TPU nodes' boot disks with the key, so it must be allowed to use it.
+resource "google_kms_crypto_key_iam_member" "boot_disk_cmek" {
+  count = lookup(var.extra_env, "BOOT_DISK_KMS_KEY", "") == "" ? 0 : 1
+
+  crypto_key_id = var.extra_env["BOOT_DISK_KMS_KEY"]
+  role          = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
+  member        = "serviceAccount:service-${data.google_project.this.number}@compute-system.iam.gserviceaccount.com"
+}

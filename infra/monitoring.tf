@@ -95,7 +95,7 @@ locals {
         # means a refusal worded differently (a slice shape the catalog rejects, for instance).
         reason = {
           description = "Which guardrail refused: the setting or rule named in the refusal message."
-          extractor   = "REGEXP_EXTRACT(jsonPayload.message, \"(drain mode|NAMESPACE_ALLOWLIST|ALLOWED_ACCELERATORS|MAX_CHIPS_PER_SLICE|chip budget|cannot label|workload policy|capacity policy|CAPACITY_POLICY|flex-start|Spot VMs|NODE_LOCATIONS|JobSet|TPU topology|TPU accelerator|machine type|google.com/tpu|nodeSelector|reserved for ownership)\")"
+          extractor   = "REGEXP_EXTRACT(jsonPayload.message, \"(drain mode|NAMESPACE_ALLOWLIST|ALLOWED_ACCELERATORS|MAX_CHIPS_PER_SLICE|chip budget|cannot label|workload policy|capacity policy|CAPACITY_POLICY|flex-start|Spot VMs|NODE_LOCATIONS|JobSet|TPU topology|TPU accelerator|machine type|google.com/tpu|nodeSelector|ownership labels)\")"
         }
       }
     }

@@ -126,3 +126,13 @@ def test_object_calls_need_the_resource_permission_of_their_kind(
 )
 def test_a_403_names_the_permission_it_lacks(message: str, permission: str) -> None:
     assert denied_permission(message) == permission
+
+
+def test_a_boot_disk_key_is_usable_by_compute_engines_service_agent_only_when_set() -> None:
+    from tests.infra.test_infra import module
+
+    grant = module().resource("google_kms_crypto_key_iam_member", "boot_disk_cmek")
+    assert grant["count"] == '${lookup(var.extra_env, "BOOT_DISK_KMS_KEY", "") == "" ? 0 : 1}'
+    assert grant["crypto_key_id"] == '${var.extra_env["BOOT_DISK_KMS_KEY"]}'
+    assert grant["role"] == "roles/cloudkms.cryptoKeyEncrypterDecrypter"
+    assert grant["member"].endswith("@compute-system.iam.gserviceaccount.com")
