@@ -30,7 +30,7 @@ from types import TracebackType
 import yaml
 
 from sandbox.emulators.sockets import free_ports
-from sandbox.kube import build, kwok, pki, rbac
+from sandbox.kube import build, kwok, netns, pki, rbac
 from sandbox.kube.api import KubeClient
 from sandbox.stack.processes import ManagedProcess, ProcessRegistry
 
@@ -128,8 +128,12 @@ class RealCluster:
         self.stop()
 
     def start(self) -> None:
-        """Build if needed, then start etcd, the API server, the controllers and KWOK; wait for each."""
+        """Build if needed, then start etcd, the API server, the controllers and KWOK; wait for each.
+
+        Everything runs in a network namespace with only ``lo`` (``sandbox.kube.netns``): whatever
+        address an applied object names, the API server cannot dial off this machine."""
         bins = build.ensure_built()
+        netns.isolate()
         self.kubebin = str(bins / "kubebin")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._ca = pki.CertificateAuthority(self.dir)

@@ -6,7 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from sandbox.kube import netns
 from sandbox.kube.cluster import RealCluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test starts a thread: the whole session into a network namespace with only lo,
+    so nothing the real API server (or anything else) dials can leave this machine."""
+    netns.isolate()
 
 
 @pytest.fixture(scope="module")

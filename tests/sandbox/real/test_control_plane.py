@@ -236,3 +236,77 @@ def test_a_function_gets_the_real_403_for_what_its_role_lacks_and_only_that(clus
         return True
 
     eventually(allowed_again, 10, "list allowed again", cluster)
+
+
+def test_a_webhook_pointing_at_a_service_cannot_leave_loopback(cluster: RealCluster) -> None:
+    """The API server dials a Service's cluster IP for a webhook that names it (as the unmodified
+    release manifests do). In the control plane's network namespace that dial fails at once."""
+    server_pid = cluster.procs["kube-apiserver"].pid
+    server_interfaces = [
+        line.split(":", 1)[0].strip()
+        for line in open(f"/proc/{server_pid}/net/dev").read().splitlines()[2:]  # noqa: SIM115
+    ]
+    assert server_interfaces == ["lo"]
+    api = cluster.client()
+    ns = f"escape-{uuid.uuid4().hex[:6]}"
+    api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    service = api.create(
+        f"/api/v1/namespaces/{ns}/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "hook"},
+            "spec": {"ports": [{"port": 443}]},
+        },
+    )
+    cluster_ip = service["spec"]["clusterIP"]
+    assert not cluster_ip.startswith("127.")
+    hooks = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    name = f"{ns}.tpuprov.dev"
+    api.create(
+        hooks,
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [
+                {
+                    "name": name,
+                    "clientConfig": {"service": {"namespace": ns, "name": "hook", "path": "/validate"}},
+                    "rules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["configmaps"],
+                        }
+                    ],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 10,
+                }
+            ],
+        },
+    )
+    try:
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}}
+
+        def refused() -> ApiError | None:
+            started = time.monotonic()
+            try:
+                api.create(f"/api/v1/namespaces/{ns}/configmaps", config_map)
+            except ApiError as exc:
+                if "failed calling webhook" in exc.message:
+                    assert time.monotonic() - started < 5.0, "the dial waited instead of failing at once"
+                    return exc
+                raise
+            api.delete(f"/api/v1/namespaces/{ns}/configmaps/probe")
+            return None  # the webhook configuration is not active yet
+
+        error = eventually(refused, 30, "the webhook to be called", cluster)
+        assert f"{cluster_ip}:443" in error.message
+        assert "network is unreachable" in error.message
+    finally:
+        api.delete(f"{hooks}/{name}")
