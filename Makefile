@@ -28,7 +28,7 @@ $(CHECKOV):
 	.venv-checkov/bin/python -m pip install -q checkov
 
 typecheck: install
-	$(BIN)/mypy shared functions
+	$(BIN)/mypy shared functions tpuprov sandbox
 
 # The sandbox's real Kubernetes components (sandbox/kube/go: etcd, kube-apiserver, scheduler,
 # controller manager, KWOK, JobSet, Kueue), built into sandbox/kube/bin only when their pins change.

@@ -1,4 +1,4 @@
-"""Builders for JobSet manifests used by tests, the sandbox demo and the benchmark."""
+"""JobSet manifests the sandbox submits: built by the demos, the simulation, the benchmark and the tests."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv, Counters
 from sandbox.bench.procs import REFERENCE_TARGET, DeliveryError, first_2xx, launched
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.tpu.slices import build_node_pool, slice_request
 

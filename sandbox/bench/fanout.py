@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 

@@ -24,9 +24,9 @@ import statistics
 import time
 from typing import Any
 
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
-from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.stack import FAST, apply_kueue, pods_killed, queued
 from shared.core import labels
 

@@ -21,7 +21,7 @@ from typing import Any
 from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.storm import V6E_TOPOLOGY_BY_HOSTS, storm_deliveries
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 from shared.core import logs

@@ -20,7 +20,7 @@ from typing import Any
 from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.procs import DeliveryError, PeakRss, first_2xx, launched, peak_rss, post
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 
 Delivery = tuple[dict[str, str], bytes]
 # v6e slices of ct6e-standard-4t VMs (4 chips each): hosts -> the topology GKE accepts for them.

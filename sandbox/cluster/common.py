@@ -9,13 +9,11 @@ them from interleaving (the functions only read Pods, they never write them).
 from __future__ import annotations
 
 import datetime
-import queue
 import secrets
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from sandbox.stack.timeline import Timeline
 from shared.cloud.kube import event_object
 from shared.core import labels
 
@@ -132,10 +130,18 @@ def ref(obj: Mapping[str, Any]) -> str:
     )
 
 
+class Notes(Protocol):
+    """Where the simulated components write what they did (the stack's ``Timeline``)."""
+
+    def add(self, source: str, text: str) -> object:
+        """Record one line from ``source``."""
+        ...
+
+
 class SimContext:
     """The API, the shared write lock and the timeline, handed to every simulated component."""
 
-    def __init__(self, api: KubeState, timeline: Timeline) -> None:
+    def __init__(self, api: KubeState, timeline: Notes) -> None:
         self.api = api
         self.timeline = timeline
         self.lock = threading.RLock()
@@ -224,57 +230,3 @@ class Loop:
     def step(self) -> None:
         """One pass of the loop (subclasses)."""
         raise NotImplementedError
-
-
-class QueueWorker:
-    """A daemon thread that handles submitted items in order; ``wait_idle`` waits for all of them.
-
-    The log router and the node mirror both turn callbacks from other threads into ordered work;
-    a failing item is reported through ``on_error`` and never stops the ones behind it.
-    """
-
-    def __init__(
-        self, name: str, handle: Callable[[Any], object], on_error: Callable[[Any, Exception], object]
-    ) -> None:
-        self.name = name
-        self._handle = handle
-        self._on_error = on_error
-        self._queue: queue.Queue[tuple[Any] | None] = queue.Queue()
-        self._pending = 0
-        self._idle = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, item: Any) -> None:
-        """Queue ``item`` for the worker thread."""
-        with self._idle:
-            self._pending += 1
-        self._queue.put((item,))
-
-    def start(self) -> None:
-        """Start the worker thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        """Handle what is queued, then stop."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        """Wait until every item submitted so far has been handled."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
-
-    def _work(self) -> None:
-        while (boxed := self._queue.get()) is not None:
-            try:
-                self._handle(boxed[0])
-            except Exception as exc:
-                self._on_error(boxed[0], exc)
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()

@@ -20,9 +20,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sandbox.cluster.common import QueueWorker, SimContext, with_condition
+from sandbox.cluster.common import SimContext, with_condition
 from sandbox.cluster.lifecycle import collect_orphans
-from sandbox.emulators.gke.pool_capacity import NODES_KEY
+from sandbox.emulators.gke.hooks import nodes_per_zone
+from sandbox.emulators.worker import QueueWorker
 from shared.core import labels
 from shared.tpu import catalog
 
@@ -67,11 +68,7 @@ def node_objects(
     name = str(pool.get("name", ""))
     config = pool.get("config") or {}
     machine_type = str(config.get("machineType", ""))
-    per_zone = pool.get(NODES_KEY)
-    if per_zone is None:
-        # GKE's node count is per zone: a pool in two zones gets initialNodeCount nodes in each.
-        count = int(pool.get("initialNodeCount") or 0)
-        per_zone = {zone: count for zone in list(pool.get("locations") or []) or [""]}
+    per_zone = nodes_per_zone(pool)
     node_labels: dict[str, str] = {
         labels.NODEPOOL: name,
         "node.kubernetes.io/instance-type": machine_type,

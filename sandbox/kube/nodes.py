@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.emulators.gke.pool_capacity import NODES_KEY
+from sandbox.emulators.gke.hooks import nodes_per_zone
 from sandbox.kube.api import ApiError, KubeClient
 from shared.core import labels
 from shared.tpu import catalog
@@ -73,10 +73,7 @@ def pool_from_gke(pool: Mapping[str, Any], policy_topology: Callable[[str], str]
     """
     config = pool.get("config") or {}
     machine_type = str(config.get("machineType", ""))
-    zones = pool.get(NODES_KEY)
-    if zones is None:
-        count = int(pool.get("initialNodeCount") or 0)
-        zones = {zone: count for zone in pool.get("locations") or [""]}
+    zones = nodes_per_zone(pool)
     accelerator = catalog.accelerator_for_machine_type(machine_type) or ""
     chips = catalog.machine_type_chips(machine_type) or 0
     placement = pool.get("placementPolicy") or {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sandbox.emulators.gke.capacity import (
     FLEX_START,
@@ -242,6 +242,24 @@ class SimGke:
                 placement.outcome, placement.at = "released", self.sim.now
 
         return self._start(name, gone)
+
+    def set_node_pool_labels(
+        self,
+        cluster: str,
+        name: str,
+        labels: Mapping[str, str],
+        why: str,
+        resource_labels: Mapping[str, str] | None = None,
+    ) -> str:
+        """Replace the pool's node labels at once, holding a slot until the update operation ends
+        (404 when the pool is unknown; 429 when no slot is free), as the HTTP emulator's UpdateNodePool."""
+        self._call()
+        if name not in self.pools:
+            raise NotFoundError(f"404 node pool {name} not found")
+        if len(self.in_flight) >= self.op_limit:
+            raise OperationLimitError(self._too_many(cluster))
+        self.pools[name] = dataclasses.replace(self.pools[name], labels=dict(labels))
+        return self._start(name, lambda: None)
 
     def get_operation(self, operation: str) -> OperationInfo:
         """RUNNING while the operation holds its slot, DONE after."""

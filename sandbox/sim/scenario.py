@@ -19,11 +19,11 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from sandbox.jobsets import tpu_jobset
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
 from sandbox.sim.pubsub import SimSubscription
 from sandbox.sim.scheduler import schedule
-from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeKube
 from shared.core import logs
 from shared.core.errors import TransientError

@@ -17,11 +17,11 @@ import io
 import logging
 
 from sandbox.emulators.gke.capacity import CapacityModel
+from sandbox.jobsets import tpu_jobset
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
 from sandbox.sim.pubsub import SimSubscription
 from sandbox.sim.scheduler import schedule
-from sandbox.testing.builders import tpu_jobset
 from sandbox.testing.fakes import FakeKube
 from shared.core import labels, logs
 from shared.core.errors import TransientError

@@ -1,7 +1,7 @@
 """The whole local stack wired together: ``from sandbox.stack import Stack, StackConfig``.
 
-The two names are resolved lazily so that low-level modules (``sandbox.stack.timeline``, which the
-simulated cluster imports) can be imported without pulling the whole stack in.
+The two names are resolved lazily so that a small module of the stack (``sandbox.stack.timeline``,
+which tests build on their own) can be imported without pulling the whole stack in.
 """
 
 from __future__ import annotations

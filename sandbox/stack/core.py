@@ -47,7 +47,7 @@ from sandbox.emulators.pubsub import PubsubEmulator
 from sandbox.stack.config import REPO_ROOT, StackConfig
 from sandbox.stack.functions import start_functions
 from sandbox.stack.processes import ProcessRegistry
-from sandbox.stack.pubsub import TOPIC_PREFIX, clients, create_wiring, wiring
+from sandbox.stack.pubsub import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
 from sandbox.stack.summary import StackSummary, summarize
 from sandbox.stack.timeline import Timeline
 from shared.core import labels
@@ -193,7 +193,10 @@ class Stack:
         )
         self.publisher, _subscriber = clients(self.pubsub.host)
         _subscriber.close()
-        self.router = LogRouter(self.kube, self.cluster, c.sinks_dir, self.publisher, self.timeline)
+        sink_topics = {sink: wiring(function).topic(TOPIC_PREFIX) for sink, function in SINKS.items()}
+        self.router = LogRouter(
+            self.kube, self.cluster, c.sinks_dir, sink_topics, self.publisher, self.timeline.add
+        )
         self.gke.on_operation_done(self.router.operation_done)  # GKE's audit log of finished operations
         self.router.start()
         self.jobsets.start()
@@ -370,7 +373,7 @@ class Stack:
         """Publish a LogEntry to ``function``'s topic as a sink would; returns the message id."""
         if self.router is None:
             raise RuntimeError("the stack is not started")
-        return self.router.publish(function, entry)
+        return self.router.publish(wiring(function).topic(TOPIC_PREFIX), entry)
 
     def trigger_reconcile(self) -> str:
         """Publish a Cloud Scheduler tick to the reconcile topic (the payload infra sends)."""

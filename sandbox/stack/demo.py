@@ -21,11 +21,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TextIO
 
+from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
 from sandbox.stack.demo_kueue import run_kueue_scenario
 from sandbox.stack.timeline import TimelineEntry
-from sandbox.testing.builders import cpu_jobset, tpu_jobset
 from shared.core import labels
 
 NAMESPACE = "default"

@@ -20,10 +20,10 @@ import time
 from typing import Any
 
 from sandbox.cluster.kueue_objects import QUEUE_NAME_LABEL
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.core import Stack
 from sandbox.stack.kueue import apply_kueue
 from sandbox.stack.summary import StackSummary
-from sandbox.testing.builders import tpu_jobset
 from shared.core import labels
 
 NAMESPACE = "default"

@@ -1,1 +1,1 @@
-"""Test support: stateful fakes, object builders, function clients and pytest fixture plugins."""
+"""Test support: stateful fakes, function clients and pytest fixture plugins."""

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox.cluster.kueue_objects import KUEUE_API, PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, workload_name
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
 from sandbox.stack.kueue import apply_kueue as apply_kueue  # re-exported for scenario tests
 from sandbox.stack.pubsub import RetryPolicy
-from sandbox.testing.builders import tpu_jobset
 from shared.core import labels
 
 # Same policy shape as infra (exponential, capped), scaled down so a redelivery takes a second.

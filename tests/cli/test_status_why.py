@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
 from shared.core import labels

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.tpu.jobsets import expand_pods

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sandbox.emulators.logging import entries as logentries
-from sandbox.testing.builders import cpu_jobset, tpu_jobset
+from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
 from shared.events.envelope import ClusterId

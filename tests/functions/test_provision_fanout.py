@@ -12,7 +12,7 @@ import copy
 import pytest
 
 from sandbox.emulators.logging import entries as logentries
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 from shared.core import labels

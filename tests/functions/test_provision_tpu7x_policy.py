@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from tests.functions.test_provision import pending_event, submit
 

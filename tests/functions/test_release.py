@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sandbox.emulators.logging import entries as logentries
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core import labels

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sandbox.emulators.logging import entries as logentries
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
 from shared.tpu.jobsets import expand_pods

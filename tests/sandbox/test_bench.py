@@ -21,7 +21,7 @@ from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import report as bench_report
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS

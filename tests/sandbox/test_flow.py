@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from sandbox.cluster.common import FAIL_UNTIL_ATTEMPT_ANNOTATION
+from sandbox.jobsets import cpu_jobset
 from sandbox.stack.core import Stack
-from sandbox.testing.builders import cpu_jobset
 from sandbox.testing.stack import (
     FAST,
     assert_clean_run,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core import labels
 from shared.core.errors import Refused

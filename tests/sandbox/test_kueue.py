@@ -18,9 +18,9 @@ from sandbox.cluster.controllers import JobSetController
 from sandbox.cluster.kueue import KueueController
 from sandbox.cluster.kueue_objects import KUEUE_API, PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, workload_name
 from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import DEFAULT_MANIFESTS_DIR
 from sandbox.stack.timeline import Timeline
-from sandbox.testing.builders import tpu_jobset
 from shared.cloud.objects import ApiClientObjects, Bounds
 from shared.core import labels
 from shared.kueue.apply import KueueService

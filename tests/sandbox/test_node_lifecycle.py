@@ -19,9 +19,9 @@ from sandbox.cluster.nodes import NodeMirror
 from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import DEFAULT_MANIFESTS_DIR
 from sandbox.stack.timeline import Timeline
-from sandbox.testing.builders import tpu_jobset
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core import labels
 from shared.core.settings import Settings

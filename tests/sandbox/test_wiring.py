@@ -26,6 +26,7 @@ from sandbox.emulators.eventarc import EventarcRelay
 from sandbox.emulators.logging import entries as logentries
 from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
 from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
+from sandbox.jobsets import tpu_jobset
 from sandbox.stack.demo import is_routine
 from sandbox.stack.pubsub import (
     FUNCTIONS,
@@ -35,7 +36,6 @@ from sandbox.stack.pubsub import (
     TOPIC_PREFIX,
 )
 from sandbox.stack.timeline import Timeline, TimelineEntry
-from sandbox.testing.builders import tpu_jobset
 from shared.core import labels
 from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
 from shared.tpu.jobsets import expand_pods

@@ -37,8 +37,9 @@ from google.protobuf import json_format
 
 from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.emulators.gke.faults import KINDS, Faults
+from sandbox.emulators.gke.hooks import PoolDeletedHook, PoolReadyHook
 from sandbox.emulators.gke.rules import ApiError, invalid
-from sandbox.emulators.gke.state import ClusterSeed, GkeState, PoolDeletedHook, PoolReadyHook
+from sandbox.emulators.gke.state import ClusterSeed, GkeState
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
 from sandbox.emulators.gke.wire import ROUTES, Call, Handler, Server, summarize
 from sandbox.emulators.iam import UNAUTHENTICATED, Iam, gke_denial

@@ -4,7 +4,7 @@ how many nodes each pool has.
 GKE's ``NodePool`` (v1) has no field for the number of nodes a pool has right now (only
 ``initialNodeCount`` and the autoscaling bounds), so the current size is kept here, emulator-
 internal: ``GkeState.node_counts`` reads it, and the pool dicts handed to the ready/updated hooks
-carry it under ``NODES_KEY`` as ``{zone: nodes}`` (never sent over HTTP). An ordinary pool has
+carry it under ``hooks.NODES_KEY`` as ``{zone: nodes}`` (never sent over HTTP). An ordinary pool has
 ``initialNodeCount`` nodes in each of its zones once its create is DONE; a flex-start pool has none
 until the model grants its whole slice.
 """
@@ -22,10 +22,8 @@ from sandbox.emulators.gke.capacity import (
     CapacityModel,
     Demand,
 )
+from sandbox.emulators.gke.hooks import NODES_KEY
 from sandbox.emulators.gke.rules import RESERVATION_SPECIFIC, TPU_MACHINES
-
-# The hook-payload key with a pool's current nodes per zone (emulator-internal, not a GKE field).
-NODES_KEY = "emulatorNodes"
 
 
 def demand_for(pool: Any, project: str) -> Demand | None:

@@ -19,6 +19,7 @@ from typing import Any
 from google.cloud.container_v1.types import cluster_service as cs
 
 from sandbox.emulators.gke.capacity import CapacityModel
+from sandbox.emulators.gke.hooks import PoolDeletedHook, PoolReadyHook, PoolUpdatedHook
 from sandbox.emulators.gke.operations import (
     API_BASE,
     OP_METHODS,
@@ -42,10 +43,6 @@ _log = logging.getLogger("sandbox.gke")
 
 NodePoolPb: Any = cs.NodePool.pb()
 ClusterPb: Any = cs.Cluster.pb()
-
-PoolReadyHook = Callable[[str, dict[str, Any]], None]
-PoolDeletedHook = Callable[[str, str], None]
-PoolUpdatedHook = Callable[[str, dict[str, Any]], None]
 
 
 class GkeState:
@@ -166,7 +163,9 @@ class GkeState:
             cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
             seed.fill_endpoints(cluster)
             if seed.release_channel:
-                cluster.release_channel.channel = cs.ReleaseChannel.Channel[seed.release_channel]
+                # proto-plus enums subclass an untyped base, so mypy cannot see EnumMeta's lookup by name.
+                channels: Any = cs.ReleaseChannel.Channel
+                cluster.release_channel.channel = channels[seed.release_channel]
             for pool in self._pools[path].values():
                 cluster.node_pools.append(pool)
             return cluster

@@ -7,6 +7,10 @@ entry GKE writes (``jobset_delete_audit_entry``). Each entry is matched against 
 files Terraform installs (``sinks/*.filter`` through ``sandbox.emulators.logging.filter``) and
 published to the sink's topic on the Pub/Sub emulator, as the sink's writer identity would.
 
+Like Cloud Logging it knows sinks by filter and destination topic only (the stack hands it
+``{sink: topic}``), watches the Kubernetes API through the two calls of ``WatchedApi``, and reports
+what it did through a ``note(source, text)`` callable (the stack's timeline).
+
 Tests can drop chosen entries on the way (a lost export) and publish entries of their own.
 """
 
@@ -17,21 +21,20 @@ import json
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from sandbox.cluster.common import KubeState, QueueWorker, ref
 from sandbox.emulators.logging.entries import (
     jobset_delete_audit_entry,
     kube_event_entry,
     nodepool_operation_entry,
 )
 from sandbox.emulators.logging.filter import LogFilter, load_filter
-from sandbox.stack.pubsub import SINKS, TOPIC_PREFIX, wiring
-from sandbox.stack.timeline import Timeline
+from sandbox.emulators.worker import QueueWorker
 from shared.core import labels
 from shared.events.fields import ClusterId
 
 EntryPredicate = Callable[[Mapping[str, Any]], bool]
+Note = Callable[[str, str], object]
 # The project number the sandbox's service agents are named after (a real project has its own).
 SANDBOX_PROJECT_NUMBER = "100000000001"
 PUBLISHER_ROLE = "roles/pubsub.publisher"
@@ -49,6 +52,25 @@ _NOTABLE = (
 def writer_identity(project_number: str) -> str:
     """The writer identity of a project's sinks with unique writer identities: Logging's service agent."""
     return f"serviceAccount:service-{project_number}@gcp-sa-logging.iam.gserviceaccount.com"
+
+
+class WatchedApi(Protocol):
+    """What the router needs of the Kubernetes API server: reads of Pods, and every write."""
+
+    def get(
+        self, api_version: str, kind_plural: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """One object or None."""
+        ...
+
+    def on_change(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
+        """Call ``callback(event_type, object)`` after every write."""
+        ...
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}" if meta.get("namespace") else str(meta.get("name"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,19 +94,20 @@ class LogRouter:
 
     def __init__(
         self,
-        api: KubeState,
+        api: WatchedApi,
         cluster: ClusterId,
         sinks_dir: Path,
+        sink_topics: Mapping[str, str],
         publisher: Any,
-        timeline: Timeline,
-        prefix: str = TOPIC_PREFIX,
+        note: Note,
         deleted_by: str = "user@example.com",
     ) -> None:
+        """``sink_topics`` maps each sink (``sinks_dir/<sink>.filter``) to its destination topic's name."""
         self.api = api
         self.cluster = cluster
+        self.sink_topics = dict(sink_topics)
         self.publisher = publisher
-        self.timeline = timeline
-        self.prefix = prefix
+        self.note = note
         self.deleted_by = deleted_by
         substitutions = {
             "project_id": cluster.project,
@@ -92,7 +115,7 @@ class LogRouter:
             "cluster_name": cluster.name,
         }
         self.filters: dict[str, LogFilter] = {
-            name: load_filter(sinks_dir / f"{name}.filter", substitutions) for name in SINKS
+            name: load_filter(sinks_dir / f"{name}.filter", substitutions) for name in self.sink_topics
         }
         self._lock = threading.Lock()
         self._entries: list[dict[str, Any]] = []
@@ -104,14 +127,14 @@ class LogRouter:
         # exports fail until that grant exists; a test can remove it to see a sink go quiet.
         self.writer_identity = writer_identity(SANDBOX_PROJECT_NUMBER)
         self._publishers: dict[str, set[str]] = {
-            wiring(function).topic(prefix): {self.writer_identity} for function in SINKS.values()
+            topic: {self.writer_identity} for topic in self.sink_topics.values()
         }
         self._export_failures: list[tuple[str, str]] = []
         self._worker = QueueWorker(
             "log-router",
             lambda item: self._route(*item),
             # one bad entry must not stop the router; the timeline shows it
-            lambda item, exc: self.timeline.add("router", f"routing failed: {exc!r}"),
+            lambda item, exc: self.note("router", f"routing failed: {exc!r}"),
         )
         api.on_change(self._changed)
 
@@ -156,10 +179,7 @@ class LogRouter:
 
     def sinks(self) -> list[tuple[str, str, str]]:
         """(sink file name, destination topic, writer identity) of every sink."""
-        return [
-            (sink, wiring(function).topic(self.prefix), self.writer_identity)
-            for sink, function in SINKS.items()
-        ]
+        return [(sink, topic, self.writer_identity) for sink, topic in self.sink_topics.items()]
 
     def publishers(self, topic: str) -> frozenset[str]:
         """Members holding roles/pubsub.publisher on ``topic`` (the topic's IAM policy)."""
@@ -182,12 +202,12 @@ class LogRouter:
         with self._lock:
             return list(self._export_failures)
 
-    def publish(self, function: str, entry: Mapping[str, Any]) -> str:
-        """Publish ``entry`` to ``function``'s topic as its sink would; returns the message id."""
-        topic = self.publisher.topic_path(self.cluster.project, wiring(function).topic(self.prefix))
+    def publish(self, topic: str, entry: Mapping[str, Any]) -> str:
+        """Publish ``entry`` to the topic named ``topic`` as a sink would; returns the message id."""
+        path = self.publisher.topic_path(self.cluster.project, topic)
         data = json.dumps(entry, separators=(",", ":")).encode()
         attributes = {"logging.googleapis.com/timestamp": str(entry.get("timestamp", ""))}
-        return str(self.publisher.publish(topic, data, **attributes).result(timeout=30))
+        return str(self.publisher.publish(path, data, **attributes).result(timeout=30))
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -219,7 +239,7 @@ class LogRouter:
                 str(meta.get("name", "")),
                 principal=self.deleted_by,
             )
-            subject, detail = f"audit: JobSet {ref(obj)} deleted by {self.deleted_by}", ""
+            subject, detail = f"audit: JobSet {_ref(obj)} deleted by {self.deleted_by}", ""
         else:
             entry = kube_event_entry(self.cluster, obj, labels=self._entry_labels(obj))
             involved = obj.get("involvedObject") or {}
@@ -238,26 +258,25 @@ class LogRouter:
                 continue
             exported = True
             if self._take_drop(entry):
-                self.timeline.add("router", f"LOST (dropped) {subject}{detail}")
+                self.note("router", f"LOST (dropped) {subject}{detail}")
                 continue
-            function = SINKS[sink]
-            topic = wiring(function).topic(self.prefix)
+            topic = self.sink_topics[sink]
             if self.writer_identity not in self.publishers(topic):
                 with self._lock:
                     self._export_failures.append((sink, topic))
-                self.timeline.add(
+                self.note(
                     "router",
                     f"NOT EXPORTED {subject}: sink {sink}'s writer identity lacks {PUBLISHER_ROLE} "
                     f"on {topic}",
                 )
                 continue
-            message_id = self.publish(function, entry)
+            message_id = self.publish(topic, entry)
             with self._lock:
                 self._routed.append(Routed(sink, topic, message_id, entry))
             # Destination first: the demo cuts long lines, and the message is the least interesting part.
-            self.timeline.add("router", f"{subject} -> {topic} (message {message_id}){detail}")
+            self.note("router", f"{subject} -> {topic} (message {message_id}){detail}")
         if not exported and event_type != "OPERATION" and obj.get("reason") in _NOTABLE:
-            self.timeline.add("events", f"{subject}{detail}")
+            self.note("events", f"{subject}{detail}")
 
     def _take_drop(self, entry: Mapping[str, Any]) -> bool:
         with self._lock:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sandbox.cluster.nodes import node_objects
-from sandbox.emulators.gke.pool_capacity import NODES_KEY
+from sandbox.emulators.gke.hooks import NODES_KEY
 from sandbox.kube.nodes import node_manifests, pool_from_gke
 
 POOLS: dict[str, dict[str, Any]] = {

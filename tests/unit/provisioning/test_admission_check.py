@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.settings import Settings

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.cloud.retry import Budget
 from shared.core import labels

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.compute import FakeWorkloadPolicies
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels

@@ -4,7 +4,7 @@ import copy
 import dataclasses
 import datetime
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS, REFUSED, REPLACED, WAITING

@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 
-from sandbox.testing.builders import cpu_jobset, tpu_jobset
+from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.errors import TransientError

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.errors import InvalidInputError, Refused
 from shared.core.settings import Settings

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.errors import Refused
 from shared.core.settings import Settings

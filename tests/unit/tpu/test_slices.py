@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from sandbox.testing.builders import tpu_jobset
+from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId
