@@ -1,8 +1,10 @@
 """``tpuprov``: the command line (plan, catalog, decode, publish, kueue, status, why, doctor, sandbox, bench).
 
 Each subcommand lives in its own ``tpuprov/commands/*.py`` module exposing ``register(subparsers)``.
-Those modules are light at import time: the sandbox, the benchmark and the Pub/Sub client are
-imported inside the command that needs them, so ``tpuprov --help`` stays fast.
+Those modules are light at import time: the sandbox stack, the benchmark and the Google, Kubernetes
+and Pub/Sub clients are imported inside the command that needs them, so ``tpuprov --help`` stays
+fast. The one sandbox module loaded at startup is ``sandbox.emulators.logging.entries`` (stdlib and
+``shared`` only), with which ``tpuprov.publish`` writes its LogEntries as GKE would.
 """
 
 from __future__ import annotations

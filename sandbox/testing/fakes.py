@@ -1,8 +1,10 @@
-"""Stateful in-memory fakes of the two API seams, speaking the real error vocabulary.
+"""Stateful in-memory fakes of two ports of ``shared.cloud.ports``, speaking the real error vocabulary.
 
-Used for fast service-level tests; wire-level tests use the HTTP emulators instead. The fakes keep
-state (a created pool is listed, a deleted one is gone) and raise the same ``shared.core.errors`` the
-adapters raise for 404, 409, 429 and GKE's "incompatible operation".
+``FakeGke`` is a ``NodePoolAPI`` and ``FakeKube`` a ``KubeAPI`` (the workload-policy fake is in
+``sandbox.testing.compute``). Used for fast service-level tests and by the virtual-time simulation
+(``sandbox.sim``); wire-level tests use the HTTP emulators instead. The fakes keep state (a created
+pool is listed, a deleted one is gone) and raise the same ``shared.core.errors`` the adapters raise
+for 404, 409, 429 and GKE's "incompatible operation".
 """
 
 from __future__ import annotations

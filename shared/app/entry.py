@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flask
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
@@ -23,6 +23,10 @@ from shared.core import logs
 from shared.core.errors import InvalidInputError, PermanentError, PermissionDeniedError, TransientError
 from shared.core.settings import Settings
 from shared.tpu import capacity
+
+if TYPE_CHECKING:  # the adapters import the Google and Kubernetes clients; they are built on first use
+    from shared.cloud.kube import KubeClient
+    from shared.cloud.ports import KubeAPI, NodePoolAPI, WorkloadPolicyAPI
 
 log = logs.get("entry")
 
@@ -53,39 +57,49 @@ class Runtime:
                 self._cache[key] = build()
             return self._cache[key]
 
-    def gke(self) -> Any:
+    def gke(self) -> NodePoolAPI:
         """The GKE node-pool adapter (``shared.cloud.gke.GkeNodePoolAPI``)."""
 
-        def build() -> Any:
+        def build() -> NodePoolAPI:
             from shared.cloud.gke import GkeNodePoolAPI
 
             return GkeNodePoolAPI(
                 endpoint=self.settings.gke_api_endpoint, access_token=self.settings.emulator_access_token
             )
 
-        return self._cached("gke", build)
+        gke: NodePoolAPI = self._cached("gke", build)
+        return gke
 
-    def compute(self) -> Any:
+    def compute(self) -> WorkloadPolicyAPI:
         """The Compute Engine workload-policy adapter (``shared.cloud.compute.ComputeWorkloadPolicyAPI``)."""
 
-        def build() -> Any:
+        def build() -> WorkloadPolicyAPI:
             from shared.cloud.compute import ComputeWorkloadPolicyAPI
 
             return ComputeWorkloadPolicyAPI(
                 endpoint=self.settings.compute_api_endpoint, access_token=self.settings.emulator_access_token
             )
 
-        return self._cached("compute", build)
+        compute: WorkloadPolicyAPI = self._cached("compute", build)
+        return compute
 
-    def kube(self) -> Any:
+    def kube(self) -> KubeAPI:
         """The Kubernetes adapter (``shared.cloud.kube.KubeClient``) for the managed cluster."""
+        return self._kube_client()
 
-        def build() -> Any:
+    def kube_api_client(self) -> Any:
+        """The managed cluster's configured ``kubernetes.client.ApiClient``, which the generic-object
+        adapter (``shared.cloud.objects.ApiClientObjects``) shares with ``kube()``."""
+        return self._kube_client().api_client
+
+    def _kube_client(self) -> KubeClient:
+        def build() -> KubeClient:
             from shared.cloud.kube import connect
 
             return connect(self.settings, self.gke)
 
-        return self._cached("kube", build)
+        client: KubeClient = self._cached("kube", build)
+        return client
 
     def service(self, key: str, build: Callable[[Runtime], Any]) -> Any:
         """A domain service built once per instance from this runtime."""

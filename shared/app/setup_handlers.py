@@ -29,7 +29,7 @@ _DEFAULT_PAYLOADS = (b"", b"{}", b"null")
 def objects_for(runtime: Runtime, cluster_path: str) -> ApiClientObjects:
     """The generic-object adapter for ``cluster_path``, built once per instance and cluster."""
     if cluster_path == runtime.settings.cluster_path:
-        return runtime.service("objects", lambda rt: ApiClientObjects(rt.kube().api_client))
+        return runtime.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
 
     def build(rt: Runtime) -> ApiClientObjects:
         from shared.cloud.kube import connect

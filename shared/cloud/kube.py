@@ -1,9 +1,11 @@
-"""The Kubernetes seam: a small protocol of the reads/writes the product makes, and its adapter.
+"""The Kubernetes adapter: ``KubeClient`` implements the ``KubeAPI`` port (``shared.cloud.ports``).
 
 ``KubeClient`` talks to the API through the official ``kubernetes`` client's ``ApiClient`` but asks
 for raw JSON (``_preload_content=False``): the product needs a handful of fields, and skipping the
-client's model deserialization keeps per-event overhead in the low milliseconds. Library errors are
-translated into ``shared.core.errors`` here and nowhere else.
+client's model deserialization keeps per-event overhead in the low milliseconds. ``request_json``
+is the product's one raw-request path (``shared.cloud.objects`` uses it too) and translates library
+errors into ``shared.core.errors``; ``event_object`` builds the Events the product records, and
+``connect`` builds a client for a cluster found through GKE.
 """
 
 from __future__ import annotations

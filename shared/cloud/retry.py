@@ -13,7 +13,7 @@ from typing import TypeVar
 from shared.core import logs
 from shared.core.errors import TransientError
 
-log = logs.get("kube")
+log = logs.get("retry")
 
 T = TypeVar("T")
 
@@ -64,7 +64,7 @@ def call_retrying(
             if budget.clock() + delay > end:
                 raise type(exc)(f"{what}: gave up after {attempts} attempt(s): {exc.why}") from None
             logs.decision(
-                log, "kube.retry", f"{what} failed, retrying in {delay:.2f}s: {exc.why}", attempt=attempts
+                log, "retry", f"{what} failed, retrying in {delay:.2f}s: {exc.why}", attempt=attempts
             )
             budget.pause(delay)
             delay = min(delay * 2, max_delay)

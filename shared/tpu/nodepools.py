@@ -1,9 +1,9 @@
-"""Node-pool domain types and the raw GKE API seam.
+"""Node-pool domain types: the spec of a pool the product asks GKE for, and views of what GKE reports.
 
-``NodePoolAPI`` is the small protocol the domain services talk to; ``shared.cloud.gke.GkeNodePoolAPI``
-implements it over ``google.cloud.container_v1.ClusterManagerClient`` and tests use either that
-adapter against the sandbox GKE emulator or a stateful fake. The dataclasses here are plain
-Python so that building and comparing specs never imports the (slow to import) Google client.
+They travel through the ``NodePoolAPI`` and ``WorkloadPolicyAPI`` ports (``shared.cloud.ports``),
+which ``shared.cloud.gke`` and ``shared.cloud.compute`` implement over the Google clients and the
+sandbox's fakes over dicts. The dataclasses are plain Python so that building and comparing specs
+never imports the (slow to import) Google client.
 """
 
 from __future__ import annotations
