@@ -63,10 +63,11 @@ locals {
 
   # Log sink (file sinks/<key>.filter) -> the function whose topic it fills.
   sinks = {
-    "pending-tpu-pods"    = "provision"
-    "nodepool-operations" = "provision"
-    "jobset-lifecycle"    = "release"
-    "cluster-created"     = "setup_cluster"
+    "pending-tpu-pods"        = "provision"
+    "nodepool-operations"     = "provision"
+    "workload-quota-reserved" = "provision"
+    "jobset-lifecycle"        = "release"
+    "cluster-created"         = "setup_cluster"
   }
 
   sink_template_vars = {

@@ -264,6 +264,7 @@ class FakeKube:
         self.before_annotate: Callable[[str, str], None] | None = None  # runs as an annotate arrives
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
         self.flavors: dict[str, dict[str, Any]] = {}
+        self.cluster_queues: dict[str, dict[str, Any]] = {}
         self.admission_checks: dict[str, str] = {}  # AdmissionCheck name -> its Active message ("" unset)
         self.check_writes: list[tuple[str, str, dict[str, Any]]] = []
         self.reads = 0
@@ -464,6 +465,14 @@ class FakeKube:
         """Workloads, optionally in one namespace."""
         self._read()
         return [copy.deepcopy(w) for (ns, _), w in sorted(self.workloads.items()) if namespace in (None, ns)]
+
+    def get_cluster_queue(self, name: str) -> dict[str, Any]:
+        """One ClusterQueue or NotFoundError."""
+        self._read()
+        try:
+            return copy.deepcopy(self.cluster_queues[name])
+        except KeyError:
+            raise NotFoundError(f'404 clusterqueues.kueue.x-k8s.io "{name}" not found') from None
 
     def get_resource_flavor(self, name: str) -> dict[str, Any]:
         """One ResourceFlavor or NotFoundError."""

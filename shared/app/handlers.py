@@ -12,6 +12,7 @@ from typing import Any
 from shared.app.entry import Runtime
 from shared.core import logs
 from shared.events import envelope as events
+from shared.provisioning.admission_check import AdmissionChecker
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
 from shared.provisioning.outcomes import CREATED, SKIPPED, Outcome
 from shared.provisioning.policies import WorkloadPolicies
@@ -52,6 +53,14 @@ def provisioner(runtime: Runtime) -> Provisioner:
     )
 
 
+def admission_checker(runtime: Runtime) -> AdmissionChecker:
+    """The instance's Kueue admission check controller (built once)."""
+    return runtime.service(
+        "admission",
+        lambda rt: AdmissionChecker(rt.settings, rt.gke(), rt.kube(), policies=policies(rt)),
+    )
+
+
 def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
     """Handle a delivery on the pending-pods topic: a pending pod, or a finished node-pool operation."""
     decoded = events.decode_cloud_event(cloud_event)
@@ -64,9 +73,23 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
         # A slot of the cluster's operation quota is free: waiting slices go now, not at a backoff.
         with logs.bound(pool=event.pool):
             requested = provisioner(runtime).resume(event.pool)
+            if event.method == "CreateNodePool":
+                # A pool is up: Workloads waiting for the admission check may be Ready (or have
+                # slices still to request) now, not at the next reconcile sweep.
+                for result in admission_checker(runtime).sweep(f"{event.method} of {event.pool} finished"):
+                    requested.extend(result.created)
         return Outcome(
             CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
         )
+    if isinstance(event, events.WorkloadQuotaReserved):
+        foreign = _foreign(runtime, event.cluster)
+        if foreign:
+            _ignore("provision", foreign)
+            return None
+        with logs.bound(workload=f"{event.namespace}/{event.name}"):
+            result = admission_checker(runtime).handle(event.namespace, event.name, "QuotaReserved")
+        why = f"admission check {result.state}: {result.why}" if result.state else result.why
+        return Outcome(CREATED if result.created else SKIPPED, why, requested=result.created)
     if not isinstance(event, events.PodUnschedulable):
         _ignore("provision", f"not a pending-pod event: {getattr(event, 'reason', event.kind)}")
         return None
@@ -110,4 +133,9 @@ def reconcile(runtime: Runtime, cloud_event: Any) -> Summary:
         "reconciler", lambda rt: Reconciler(rt.settings, rt.gke(), rt.kube(), policies=policies(rt))
     )
     summary: Summary = service.sweep()
+    # The admission check: keep it Active (Kueue holds ClusterQueues using an inactive check
+    # inactive) and look at every Workload still Pending on it (a lost QuotaReserved Event).
+    checker = admission_checker(runtime)
+    if checker.keep_active():
+        checker.sweep()
     return summary

@@ -249,6 +249,10 @@ class KubeClient:
             return self._list(f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads")
         return self._list(f"{KUEUE_PATH}/workloads")
 
+    def get_cluster_queue(self, name: str) -> dict[str, Any]:
+        """One Kueue ClusterQueue. Raises NotFoundError."""
+        return dict(self._call("GET", f"{KUEUE_PATH}/clusterqueues/{quote(name)}"))
+
     def get_resource_flavor(self, name: str) -> dict[str, Any]:
         """One Kueue ResourceFlavor. Raises NotFoundError."""
         return dict(self._call("GET", f"{KUEUE_PATH}/resourceflavors/{quote(name)}"))

@@ -83,6 +83,7 @@ _BUILTIN_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("scheduling.k8s.io", "PriorityClass", "priorityclasses", False),
     ResourceKind("kueue.x-k8s.io", "ResourceFlavor", "resourceflavors", False),
     ResourceKind("kueue.x-k8s.io", "ClusterQueue", "clusterqueues", False),
+    ResourceKind("kueue.x-k8s.io", "AdmissionCheck", "admissionchecks", False),
     ResourceKind("kueue.x-k8s.io", "LocalQueue", "localqueues", True),
     ResourceKind("kueue.x-k8s.io", "WorkloadPriorityClass", "workloadpriorityclasses", False),
     ResourceKind("kueue.x-k8s.io", "Cohort", "cohorts", False),

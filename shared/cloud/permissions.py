@@ -56,6 +56,7 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     "KubeAPI.get_workload": ("container.thirdPartyObjects.get",),
     "KubeAPI.list_workloads": ("container.thirdPartyObjects.list",),
     "KubeAPI.get_resource_flavor": ("container.thirdPartyObjects.get",),
+    "KubeAPI.get_cluster_queue": ("container.thirdPartyObjects.get",),
     "KubeAPI.set_admission_check_state": ("container.thirdPartyObjects.update",),
     "KubeAPI.set_admission_check_active": ("container.thirdPartyObjects.update",),
 }

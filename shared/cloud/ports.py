@@ -142,6 +142,10 @@ class KubeAPI(Protocol):
         """Kueue Workloads, optionally in one namespace."""
         ...
 
+    def get_cluster_queue(self, name: str) -> dict[str, Any]:
+        """One Kueue ClusterQueue (cluster-scoped). Raises NotFoundError."""
+        ...
+
     def get_resource_flavor(self, name: str) -> dict[str, Any]:
         """One Kueue ResourceFlavor (cluster-scoped). Raises NotFoundError."""
         ...

@@ -42,6 +42,7 @@ from shared.events.logentry import (
     JobSetFinished,
     NodePoolOperationDone,
     PodUnschedulable,
+    WorkloadQuotaReserved,
     decode_log_entry,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "JobSetFinished",
     "NodePoolOperationDone",
     "PodUnschedulable",
+    "WorkloadQuotaReserved",
     "decode_any",
     "decode_cloud_event",
     "decode_log_entry",
@@ -270,6 +272,8 @@ def to_dict(decoded: Decoded) -> dict[str, Any]:
             out.update(reason=event.reason, message=event.message)
         elif isinstance(event, JobSetFinished):
             out.update(name=event.name, uid=event.uid, outcome=event.outcome, reason=event.reason)
+        elif isinstance(event, WorkloadQuotaReserved):
+            out.update(name=event.name, uid=event.uid, reason="QuotaReserved", message=event.message)
         else:
             target = f"JobSet {event.name}" if event.name else "every JobSet in the namespace"
             out.update(name=event.name, principal=event.principal)

@@ -73,6 +73,20 @@ class JobSetFinished:
 
 
 @dataclasses.dataclass(frozen=True)
+class WorkloadQuotaReserved:
+    """Kueue reserved quota for a Workload (its scheduler's ``QuotaReserved`` Event, component
+    ``kueue-admission``): the moment an admission check starts working on it."""
+
+    kind: ClassVar[str] = "workload-quota-reserved"
+    cluster: ClusterId
+    namespace: str
+    name: str
+    uid: str
+    message: str
+    timestamp: datetime
+
+
+@dataclasses.dataclass(frozen=True)
 class JobSetDeleted:
     """A JobSet delete succeeded. ``name == ""`` means deletecollection: every JobSet in the namespace."""
 
@@ -112,7 +126,14 @@ class Ignored:
     cluster: ClusterId | None = None
 
 
-Event = PodUnschedulable | JobSetFinished | JobSetDeleted | NodePoolOperationDone | Ignored
+Event = (
+    PodUnschedulable
+    | JobSetFinished
+    | JobSetDeleted
+    | NodePoolOperationDone
+    | WorkloadQuotaReserved
+    | Ignored
+)
 
 
 def decode_log_entry(entry: Any) -> Event:
@@ -174,8 +195,8 @@ def _kube_event(
         raise Skip("Kubernetes Event names no involved object")
     reason = first_str(payload, "reason")
     object_kind = obj.get("kind")
-    if object_kind not in ("Pod", "JobSet"):
-        raise Skip(f"Event about a {clip(object_kind)} ({clip(reason)}), not a Pod or JobSet")
+    if object_kind not in ("Pod", "JobSet", "Workload"):
+        raise Skip(f"Event about a {clip(object_kind)} ({clip(reason)}), not a Pod, JobSet or Workload")
     meta = payload.get("metadata")
     event_ns = meta.get("namespace") if isinstance(meta, Mapping) else None
     object_ns = obj.get("namespace")
@@ -184,7 +205,35 @@ def _kube_event(
         raise Skip(f"Event in namespace {clip(event_ns)} is about an object in {clip(object_ns)}")
     if object_kind == "Pod":
         return _pod_event(entry, payload, obj, reason, cluster, resource_type, labels)
+    if object_kind == "Workload":
+        return _workload_event(entry, payload, obj, reason, cluster, resource_type)
     return _jobset_event(entry, payload, obj, reason, cluster, resource_type)
+
+
+def _workload_event(
+    entry: Mapping[str, Any],
+    payload: Mapping[str, Any],
+    obj: Mapping[str, Any],
+    reason: str,
+    cluster: ClusterId,
+    resource_type: Any,
+) -> WorkloadQuotaReserved:
+    # Kueue's scheduler: Eventf(wl, Normal, "QuotaReserved", "Quota reserved in ClusterQueue ...").
+    if reason != "QuotaReserved":
+        raise Skip(f"Workload event reason {clip(reason)} is not QuotaReserved")
+    api_version = obj.get("apiVersion", "")
+    if api_version and (not isinstance(api_version, str) or not api_version.startswith("kueue.x-k8s.io/")):
+        raise Skip(f"Workload event for apiVersion {clip(api_version)}, not kueue.x-k8s.io")
+    if resource_type != "k8s_cluster":
+        raise Skip(f"Workload event logged against resource type {clip(resource_type)}")
+    return WorkloadQuotaReserved(
+        cluster=cluster,
+        namespace=validate_namespace(obj.get("namespace")),
+        name=validate_name(obj.get("name"), "Workload name"),
+        uid=validate_uid(obj.get("uid")),
+        message=first_str(payload, "message", "note"),
+        timestamp=_entry_time(entry, payload),
+    )
 
 
 def _pod_event(

@@ -258,9 +258,28 @@ def cluster_queue(where: str, item: Mapping[str, Any], problems: Problems, flavo
     ):
         problems.add(where, "namespaces must be a list of valid namespace names")
         namespaces = []
+    queue_quotas = quotas(item.get("quota"), where, problems, flavors)
+    check = item.get("tpuSlicesCheck", False)
+    # true: every flavor of the queue; a list: those flavors (Kueue's onFlavors).
+    if check is True:
+        check_flavors = tuple(q.flavor for q in queue_quotas)
+    elif check is False or check is None:
+        check_flavors = ()
+    elif isinstance(check, list) and check and all(isinstance(f, str) for f in check):
+        quoted = {q.flavor for q in queue_quotas}
+        for flavor in check:
+            if flavor not in quoted:
+                problems.add(
+                    where, f"tpuSlicesCheck names flavor {flavor!r}, which has no quota in this queue"
+                )
+        check_flavors = tuple(check)
+    else:
+        problems.add(where, "tpuSlicesCheck must be true, false or a list of this queue's flavors")
+        check_flavors = ()
     return ClusterQueue(
         name=name,
-        quotas=quotas(item.get("quota"), where, problems, flavors),
+        quotas=queue_quotas,
+        check_flavors=check_flavors,
         queueing_strategy=str(strategy),
         cohort=cohort,
         preemption=preemption(item.get("preemption"), where, problems),

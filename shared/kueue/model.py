@@ -31,7 +31,11 @@ MAX_DESCRIPTION = 2048
 
 TOP_KEYS = ("flavors", "clusterQueues", "localQueues", "priorityClasses")
 FLAVOR_KEYS = ("name", "accelerator", "topology", "nodeLabels", "spot")
-CQ_KEYS = ("name", "queueingStrategy", "cohort", "preemption", "quota", "namespaces")
+CQ_KEYS = ("name", "queueingStrategy", "cohort", "preemption", "quota", "namespaces", "tpuSlicesCheck")
+# The product's admission check (shared.provisioning.admission_check): its AdmissionCheck's name
+# (the ADMISSION_CHECK_NAME setting's default) and its controllerName.
+TPU_SLICES_CHECK = "tpu-slices"
+TPU_SLICES_CONTROLLER = f"{labels.PRODUCT_DOMAIN}/tpu-slices"
 LQ_KEYS = ("name", "namespace", "clusterQueue")
 PC_KEYS = ("name", "value", "kind", "description", "globalDefault")
 QUOTA_KEYS = ("chips", "cpu", "memory")
@@ -68,6 +72,9 @@ class ClusterQueue:
     cohort: str = ""
     preemption: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     namespaces: tuple[str, ...] = ()
+    # Workloads of these flavors get every TPU slice before admission (the product's admission
+    # check); empty: the check is off and the pending-pod path provisions them.
+    check_flavors: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

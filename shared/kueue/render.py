@@ -4,7 +4,8 @@ Objects use the Kueue API version the pinned release stores (``kueue.x-k8s.io/v1
 is deprecated there) with its field names: ``spec.cohortName``, ``resourceGroups[].flavors[]
 .resources[].nominalQuota``, LocalQueue ``spec.clusterQueue``, WorkloadPriorityClass top-level
 ``value``. Every object carries the product's managed-by label, which is what pruning selects on.
-The returned list is in apply order: priority classes, flavors, ClusterQueues, LocalQueues.
+The returned list is in apply order: priority classes, flavors, the product's AdmissionCheck (when a
+ClusterQueue asks for it with ``tpuSlicesCheck``), ClusterQueues, LocalQueues.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from typing import Any
 import yaml
 
 from shared.core import labels
-from shared.kueue.model import ClusterQueue, Flavor, KueueConfig, LocalQueue, PriorityClass
+from shared.kueue.model import (
+    TPU_SLICES_CHECK,
+    TPU_SLICES_CONTROLLER,
+    ClusterQueue,
+    Flavor,
+    KueueConfig,
+    LocalQueue,
+    PriorityClass,
+)
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 SCHEDULING_API = "scheduling.k8s.io/v1"
@@ -27,6 +36,7 @@ MANAGED_KINDS: tuple[tuple[str, str], ...] = (
     (SCHEDULING_API, "PriorityClass"),
     (KUEUE_API, "WorkloadPriorityClass"),
     (KUEUE_API, "ResourceFlavor"),
+    (KUEUE_API, "AdmissionCheck"),
     (KUEUE_API, "ClusterQueue"),
     (KUEUE_API, "LocalQueue"),
 )
@@ -85,7 +95,21 @@ def render_cluster_queue(queue: ClusterQueue) -> dict[str, Any]:
     spec["resourceGroups"] = [{"coveredResources": covered, "flavors": flavors}]
     if queue.preemption:
         spec["preemption"] = dict(queue.preemption)
+    if queue.check_flavors:
+        spec["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": TPU_SLICES_CHECK, "onFlavors": list(queue.check_flavors)}]
+        }
     return {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": _metadata(queue.name), "spec": spec}
+
+
+def render_admission_check() -> dict[str, Any]:
+    """The product's AdmissionCheck; its controller (reconcile) keeps it Active."""
+    return {
+        "apiVersion": KUEUE_API,
+        "kind": "AdmissionCheck",
+        "metadata": _metadata(TPU_SLICES_CHECK),
+        "spec": {"controllerName": TPU_SLICES_CONTROLLER},
+    }
 
 
 def render_local_queue(queue: LocalQueue) -> dict[str, Any]:
@@ -126,6 +150,7 @@ def render(config: KueueConfig) -> list[dict[str, Any]]:
     return [
         *(render_priority_class(p) for p in ordered),
         *(render_flavor(f) for f in config.flavors),
+        *([render_admission_check()] if any(q.check_flavors for q in config.cluster_queues) else []),
         *(render_cluster_queue(q) for q in config.cluster_queues),
         *(render_local_queue(q) for q in config.local_queues),
     ]

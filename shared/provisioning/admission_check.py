@@ -31,7 +31,9 @@ from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, dec
 from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.fanout import fan_out
 from shared.provisioning.guard import MANAGED_NODES
+from shared.provisioning.occupancy import Verdict
 from shared.provisioning.policies import WorkloadPolicies
+from shared.provisioning.releaser import Releaser
 from shared.provisioning.requests import Create, create_why, guardrail
 from shared.tpu import catalog
 from shared.tpu.nodepools import STATUS_ERROR, ClusterInfo, NodePoolInfo
@@ -40,6 +42,7 @@ from shared.tpu.workloads import (
     READY,
     REJECTED,
     RETRY,
+    CheckState,
     WorkloadSlice,
     WorkloadView,
     parse_workload,
@@ -116,7 +119,11 @@ class AdmissionChecker:
         """Every Workload whose check by this product is Pending with quota reserved (the safety net
         for a lost QuotaReserved Event; also what turns Pending into Ready once pools are up)."""
         results = []
-        for obj in self.kube.list_workloads():
+        try:
+            listed = self.kube.list_workloads()
+        except NotFoundError:
+            return []  # Kueue is not installed: no Workload waits for the check
+        for obj in listed:
             workload = parse_workload(obj)
             state = workload.check(self.check)
             if state is not None and state.state == PENDING and workload.has("QuotaReserved"):
@@ -138,6 +145,9 @@ class AdmissionChecker:
     def evaluate(self, workload: WorkloadView, trigger: str = "") -> CheckResult:
         """Decide and write the check state of ``workload`` (already read)."""
         state = workload.check(self.check)
+        if state is None and workload.has("QuotaReserved") and self._queue_uses_check(workload):
+            # Kueue adds the checks' entries just after reserving quota; the Event can be first.
+            state = CheckState(self.check, PENDING)
         if state is None:
             return self._skip(workload.key, f"its ClusterQueue does not use admission check {self.check}")
         if state.state in (READY, REJECTED, RETRY):
@@ -150,6 +160,20 @@ class AdmissionChecker:
             verdict, created = self._verdict(workload)
             self._write(workload, state.state, state.message, state.last_transition, verdict, trigger)
             return CheckResult(workload.key, verdict.state, verdict.message, created)
+
+    def _queue_uses_check(self, workload: WorkloadView) -> bool:
+        try:
+            queue = self.kube.get_cluster_queue(workload.cluster_queue)
+        except NotFoundError:
+            return False
+        spec = queue.get("spec") or {}
+        strategy = (spec.get("admissionChecksStrategy") or {}).get("admissionChecks") or []
+        assigned = {f for a in workload.assignments for f in a.flavors.values()}
+        # onFlavors: the check applies only to Workloads assigned one of them (empty: to all).
+        return any(
+            c.get("name") == self.check and (not c.get("onFlavors") or assigned & set(c.get("onFlavors")))
+            for c in strategy
+        )
 
     def _verdict(self, workload: WorkloadView) -> tuple[CheckVerdict, tuple[str, ...]]:
         if workload.owner_kind != "JobSet":
@@ -224,6 +248,8 @@ class AdmissionChecker:
                 failed = pool.status_message or "status ERROR"
                 if recorded is not None:
                     retry_in = max(0.0, backoff.retry_at(self.settings, recorded) - now)
+                    if not recorded.next and retry_in == 0:
+                        self._recycle(jobset, pool)  # backoff over: make room for the next attempt
                     if recorded.next or retry_in == 0:
                         failed = ""  # falling back now, or recycled at once: the slice is retried
             elif pool is None and failure is not None and retry_in > 0:
@@ -248,6 +274,19 @@ class AdmissionChecker:
                 )
             )
         return states
+
+    def _recycle(self, jobset: dict[str, Any], pool: NodePoolInfo) -> None:
+        """Delete a failed pool whose backoff is over (occupancy-safe, as reconcile recycles it)."""
+        meta = jobset.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        why = f"GKE could not provision it ({pool.status_message or 'status ERROR'}); its backoff is over"
+        outcome = Releaser(self.settings, self.gke, self.kube).dispose(
+            [(pool, Verdict(True, why))], "admission check", {key: jobset}, [pool]
+        )
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        if outcome.deleted:
+            self.backoff.recycled(jobset, [pool.name])
 
     def _create(
         self,

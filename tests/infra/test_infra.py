@@ -39,6 +39,7 @@ WIRING = {
 SINK_WIRING = {
     "pending-tpu-pods": "provision",
     "nodepool-operations": "provision",
+    "workload-quota-reserved": "provision",
     "jobset-lifecycle": "release",
     "cluster-created": "setup_cluster",
 }

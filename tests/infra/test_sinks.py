@@ -24,6 +24,7 @@ from shared.events.envelope import (
     JobSetFinished,
     NodePoolOperationDone,
     PodUnschedulable,
+    WorkloadQuotaReserved,
     decode_log_entry,
 )
 from tests.paths import REPO
@@ -35,7 +36,13 @@ OTHER_CLUSTER = ClusterId("sink-proj", "us-central2-b", "other-cluster")
 OTHER_PROJECT = ClusterId("elsewhere", "us-central2-b", "tpu-cluster")
 SUBS = {"project_id": CLUSTER.project, "location": CLUSTER.location, "cluster_name": CLUSTER.name}
 UID = "6f1c3c52-8b4e-4a57-9d1a-0c8f3b1e2d44"
-FILTER_NAMES = ("pending-tpu-pods", "nodepool-operations", "jobset-lifecycle", "cluster-created")
+FILTER_NAMES = (
+    "pending-tpu-pods",
+    "nodepool-operations",
+    "jobset-lifecycle",
+    "cluster-created",
+    "workload-quota-reserved",
+)
 
 
 def sink(name: str) -> LogFilter:
@@ -351,3 +358,23 @@ def test_terraform_templatefile_renders_the_same_text(tmp_path: Path) -> None:
     rendered = json.loads(json.loads(result.stdout))
     for name in FILTER_NAMES:
         assert rendered[name] == sink(name).text, name
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: logentries.workload_event_entry(CLUSTER, "team-a", "jobset-t-1", UID), True),
+        (lambda: logentries.workload_event_entry(OTHER_CLUSTER, "team-a", "jobset-t-1", UID), False),
+        (lambda: logentries.workload_event_entry(OTHER_PROJECT, "team-a", "jobset-t-1", UID), False),
+        (lambda: logentries.workload_event_entry(CLUSTER, "team-a", "w", UID, reason="Admitted"), False),
+        (lambda: logentries.jobset_event_entry(CLUSTER, "team-a", "t", UID, reason="QuotaReserved"), False),
+    ],
+    ids=["quota-reserved", "other-cluster", "other-project", "admitted", "a-jobset-event"],
+)
+def test_workload_quota_reserved(build: Any, expected: bool) -> None:
+    entry = build()
+    assert sink("workload-quota-reserved").matches(entry) is expected
+    if expected:
+        assert isinstance(decode_log_entry(entry), WorkloadQuotaReserved)
+    # The pending-pods sink never exports a Workload's Event (nor the other way round).
+    assert not sink("pending-tpu-pods").matches(entry)

@@ -292,6 +292,39 @@ def jobset_event_entry(
     return kube_event_entry(cluster, event)
 
 
+def workload_event_entry(
+    cluster: ClusterId,
+    namespace: str,
+    name: str,
+    uid: str,
+    reason: str = "QuotaReserved",
+    when: datetime | None = None,
+    message: str = "Quota reserved in ClusterQueue cluster-queue, wait time since queued was 0s",
+) -> dict[str, Any]:
+    """A Kueue Workload Event LogEntry, as Kueue v0.19.2's scheduler records it (events.k8s.io
+    recorder of component ``kueue-admission``)."""
+    regarding = {
+        "kind": "Workload",
+        "namespace": namespace,
+        "name": name,
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "uid": uid,
+        "resourceVersion": str(secrets.randbelow(10**8)),
+    }
+    event = _event_object(
+        namespace=namespace,
+        regarding=regarding,
+        reason=reason,
+        message=message,
+        type_="Normal",
+        component="kueue-admission",
+        new_api=True,
+        when=when or _now(),
+        action=reason,
+    )
+    return kube_event_entry(cluster, event)
+
+
 def jobset_delete_audit_entry(
     cluster: ClusterId,
     namespace: str,

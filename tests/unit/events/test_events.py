@@ -18,6 +18,7 @@ from shared.events.envelope import (
     JobSetFinished,
     NodePoolOperationDone,
     PodUnschedulable,
+    WorkloadQuotaReserved,
     decode_any,
     decode_cloud_event,
     decode_log_entry,
@@ -111,7 +112,7 @@ ENTRY_CASES: list[tuple[str, dict[str, Any], Event]] = [
     (
         "event-about-a-node",
         edit(pod_entry(), ("jsonPayload.involvedObject.kind", "Node")),
-        Ignored("Event about a 'Node' ('FailedScheduling'), not a Pod or JobSet", CLUSTER),
+        Ignored("Event about a 'Node' ('FailedScheduling'), not a Pod, JobSet or Workload", CLUSTER),
     ),
     (
         "jobset-of-another-api-group",
@@ -359,3 +360,21 @@ def test_decoding_costs_well_under_a_millisecond() -> None:
     for _ in range(rounds):
         decode_cloud_event(event)
     assert (time.perf_counter() - start) / rounds < 0.001
+
+
+def test_kueue_quota_reserved_on_a_workload_decodes_to_the_check_trigger() -> None:
+    entry = le.workload_event_entry(
+        CLUSTER, "ml-team", "jobset-train-3f2a1", "0b6c1e9a-1111-4c3d-9e8f-aa00bb11cc22"
+    )
+    decoded = decode_log_entry(entry)
+    assert isinstance(decoded, WorkloadQuotaReserved)
+    assert (decoded.namespace, decoded.name, decoded.uid) == (
+        "ml-team",
+        "jobset-train-3f2a1",
+        "0b6c1e9a-1111-4c3d-9e8f-aa00bb11cc22",
+    )
+    assert decoded.message.startswith("Quota reserved in ClusterQueue")
+    admitted = le.workload_event_entry(CLUSTER, "ml-team", "w", "", reason="Admitted", message="Admitted by")
+    assert decode_log_entry(admitted) == Ignored(
+        "Workload event reason 'Admitted' is not QuotaReserved", CLUSTER
+    )

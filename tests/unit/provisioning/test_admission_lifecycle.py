@@ -1,0 +1,55 @@
+"""The admission check over time: a failed slice recycled once its backoff is over, the Event that
+arrives before Kueue wrote the check's entry, and flavors the check does not cover."""
+
+from __future__ import annotations
+
+from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.provisioning.admission_check import AdmissionChecker
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING
+from tests.unit.provisioning.test_admission_check import CHECK, CLUSTER, SETTINGS, setup, state_of
+
+
+def test_a_failed_slice_is_recycled_after_its_backoff_and_requested_again(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    settings = SETTINGS.with_overrides(stockout_backoff_seconds=60, stockout_backoff_max_seconds=60)
+    now = [1000.0]
+    _, wl = setup(kube, replicas=2)
+    checker = AdmissionChecker(settings, gke, kube, wall_clock=lambda: now[0])
+    checker.handle("team-a", wl["metadata"]["name"])
+    first, second = sorted(gke.pools[CLUSTER])
+    gke.mark(CLUSTER, first, STATUS_RUNNING)
+    kube.add_pool_nodes(gke.pools[CLUSTER][first])
+    gke.mark(CLUSTER, second, STATUS_ERROR, "GCE_STOCKOUT")
+    assert checker.sweep()[0].state == "Retry"
+    # Kueue evicts, waits requeueAfterSeconds, reserves again and resets the check to Pending.
+    state_of(kube, wl)["state"] = "Pending"
+    now[0] += 61
+    result = checker.sweep()[0]
+    assert result.state == "Pending"
+    assert second not in gke.pools[CLUSTER] and gke.count("delete") == 1  # recycled
+    assert first in gke.pools[CLUSTER]  # the slice that landed is kept
+    assert checker.sweep()[0].created == (second,)  # and asked for again
+
+
+def test_an_event_before_kueue_wrote_the_checks_entry_is_acted_on(gke: FakeGke, kube: FakeKube) -> None:
+    _, wl = setup(kube, replicas=1)
+    wl["status"]["admissionChecks"] = []
+    kube.cluster_queues["cluster-queue"] = {
+        "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK, "onFlavors": ["vlp"]}]}}
+    }
+    result = AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
+    assert result.state == "Pending" and gke.count("create") == 1
+    assert state_of(kube, wl)["message"] == "pools ready 0/1"
+
+
+def test_a_queue_whose_check_covers_other_flavors_is_left_to_the_pending_pod_path(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    _, wl = setup(kube, replicas=1)
+    wl["status"]["admissionChecks"] = []
+    kube.cluster_queues["cluster-queue"] = {
+        "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK, "onFlavors": ["other"]}]}}
+    }
+    result = AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
+    assert result.state == "" and gke.count("create") == 0 and kube.check_writes == []
