@@ -18,6 +18,7 @@ from shared.events import envelope as events
 from shared.events.trigger import parse_setup_payload
 from shared.kueue.apply import KueueReport, KueueService
 from shared.kueue.config import load_config, parse_config
+from shared.kueue.model import TPU_SLICES_CHECK, TPU_SLICES_CONTROLLER
 from shared.setup.installer import Installer, InstallReport
 
 log = logs.get("setup")
@@ -76,4 +77,12 @@ def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
         source = "the message"
     logs.decision(log, "kueue.config", f"applying the Kueue configuration from {source}")
     service = KueueService(objects_for(runtime, settings.cluster_path), Bounds.from_settings(settings))
-    return service.apply(config)
+    report = service.apply(config)
+    if any(queue.check_flavors for queue in config.cluster_queues):
+        # Kueue keeps a ClusterQueue whose AdmissionCheck is not Active inactive: mark it Active
+        # now rather than at the next reconcile sweep (which keeps it so).
+        runtime.kube().set_admission_check_active(
+            TPU_SLICES_CHECK,
+            f"{TPU_SLICES_CONTROLLER} provisions every TPU slice of a Workload before admission",
+        )
+    return report

@@ -186,3 +186,20 @@ def test_a_cluster_without_kueue_asks_for_redelivery() -> None:
         assert response.status_code == 503
         [retry] = fn.events("delivery.retry")
         assert "is Kueue installed" in retry["message"]
+
+
+@pytest.mark.integration
+def test_a_queue_with_the_tpu_slices_check_gets_the_active_admission_check(
+    function: LoggedFunction, cluster: KubeApiServer
+) -> None:
+    checked = (REPO / "examples" / "kueue" / "tpu-slices-check.yaml").read_bytes()
+    assert function.post(checked).status_code == 200
+    check = cluster.get(KUEUE, "admissionchecks", None, "tpu-slices")
+    assert check is not None and check["spec"] == {"controllerName": "tpuprov.dev/tpu-slices"}
+    # Marked Active at once: Kueue holds a ClusterQueue whose check is not Active inactive.
+    assert [(c["type"], c["status"]) for c in check["status"]["conditions"]] == [("Active", "True")]
+    queue = cluster.get(KUEUE, "clusterqueues", None, "cluster-queue")
+    assert queue is not None
+    assert queue["spec"]["admissionChecksStrategy"] == {
+        "admissionChecks": [{"name": "tpu-slices", "onFlavors": ["vlp-24"]}]
+    }

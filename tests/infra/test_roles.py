@@ -65,12 +65,14 @@ def test_the_paths_a_release_takes_are_seen() -> None:
 
 def test_the_kueue_applier_touches_only_queue_objects() -> None:
     calls = reached_calls(entrypoint("apply_kueue"))
-    assert {call.split(".")[0] for call in calls} == {"ObjectAPI", "NodePoolAPI"}
+    assert {call.split(".")[0] for call in calls} == {"ObjectAPI", "NodePoolAPI", "KubeAPI"}
     assert set(calls) - {"NodePoolAPI.get_cluster"} == {
         "ObjectAPI.apply",
         "ObjectAPI.get",
         "ObjectAPI.list_objects",
         "ObjectAPI.delete",
+        # The product's AdmissionCheck is marked Active as soon as a queue uses it.
+        "KubeAPI.set_admission_check_active",
     }
 
 
