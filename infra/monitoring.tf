@@ -99,6 +99,20 @@ locals {
         }
       }
     }
+    # The Kueue admission check's transitions (shared/provisioning/admission_check.py): how many
+    # Workloads wait for their slices, get them all, are requeued after a stockout or rejected.
+    admission_checks = {
+      description     = "Kueue admission check transitions of Workloads (admission.pending|ready|retry|rejected), by state."
+      filter          = "jsonPayload.event=(\"admission.pending\" OR \"admission.ready\" OR \"admission.retry\" OR \"admission.rejected\")"
+      value_type      = "INT64"
+      value_extractor = ""
+      labels = {
+        state = {
+          description = "The check state set: admission.pending, admission.ready, admission.retry or admission.rejected."
+          extractor   = "EXTRACT(jsonPayload.event)"
+        }
+      }
+    }
     gke_rejections = {
       description     = "Create or delete requests GKE refused for good (provision.failed, release.rejected)."
       filter          = "jsonPayload.event=(\"provision.failed\" OR \"release.rejected\")"

@@ -645,6 +645,22 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
     ),
     ("pools_handed_over", Line("release", "release.adopted", "adopted by team-a/next", POOL), {}),
     (
+        "admission_checks",
+        Line(
+            "provision",
+            "admission.retry",
+            "Workload team-a/jobset-train-x: pools ready 3/4; could not provision p (GCE_STOCKOUT); retry in 300s",
+            {"workload": "team-a/jobset-train-x", "check": "tpu-slices", "requeue_after": 300},
+            logging.WARNING,
+        ),
+        {"state": "admission.retry"},
+    ),
+    (
+        "admission_checks",
+        Line("reconcile", "admission.ready", "Workload team-a/w: pools ready 4/4", {"check": "tpu-slices"}),
+        {"state": "admission.ready"},
+    ),
+    (
         "provision_refusals",
         Line(
             "provision",
@@ -769,6 +785,8 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
     ),
 ]
 MISSES: list[tuple[str, Line]] = [
+    # A Workload the check leaves alone is not a transition.
+    ("admission_checks", Line("provision", "admission.skipped", "Workload a/b: check is Ready already")),
     # Another service's lines never count, even with the same event.
     ("pools_created", Line("other-service", "provision.created", WHY)),
     ("pools_created", Line("provision", "provision.exists", "pool x already exists (RUNNING)")),
