@@ -1,0 +1,1 @@
+"""The product end to end on the real Kubernetes components (``sandbox.realstack.core.RealStack``)."""

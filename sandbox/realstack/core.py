@@ -1,0 +1,334 @@
+"""The product end to end on the real Kubernetes components, beside the stand-in ``sandbox.stack``.
+
+``RealStack(config)`` brings up, in a network namespace with only ``lo``:
+
+* ``RealCluster``: etcd, kube-apiserver (TLS, RBAC, a token per function, an audit log),
+  kube-controller-manager, kube-scheduler and KWOK; the cluster's default pool is registered as
+  ``config.cpu_nodes`` CPU Nodes, where KWOK plays the JobSet and Kueue controller pods;
+* the GKE and Compute emulators with IAM enforced (each function's role in ``infra/``); a pool
+  that reaches RUNNING registers its Nodes (``sandbox.kube.nodes.pool_from_gke``), a deleted
+  pool's Nodes are deleted, and what becomes of their pods is the real controller manager's pod GC;
+* the real Pub/Sub emulator with infra's topics and push subscriptions, the Eventarc relay, and
+  the product's functions as processes: each reaches the API server with its own kubeconfig
+  (``KUBECONFIG``: the cluster CA and the function's token) and the emulators with its own token;
+* the log router fed by the real API server's Events and audit log (``kubestate``), routing
+  through the ``sinks/`` filters to the functions' topics;
+* the JobSet and Kueue controllers, started locally once ``setup_cluster`` has applied their
+  releases (``releases``: the webhooks are repointed at them as envtest does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandbox.emulators.compute.emulator import ComputeEmulator
+from sandbox.emulators.eventarc import EventarcRelay
+from sandbox.emulators.gcloud_pubsub import PubsubEmulator
+from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.iam import Iam, load_roles
+from sandbox.emulators.logging.router import LogRouter
+from sandbox.kube import netns, nodes
+from sandbox.kube.cluster import RealCluster
+from sandbox.realstack.kubestate import RealKubeState, collection
+from sandbox.realstack.pods import PodFates
+from sandbox.realstack.releases import ReleaseWiring
+from sandbox.stack.config import REPO_ROOT, StackConfig
+from sandbox.stack.functions import start_functions
+from sandbox.stack.processes import ProcessRegistry
+from sandbox.stack.summary import StackSummary, summarize
+from sandbox.stack.timeline import Timeline
+from sandbox.stack.wiring import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
+from shared.core import labels
+from shared.events.fields import ClusterId
+
+T = TypeVar("T")
+JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
+ADOPTED_REASON = "TPUSliceAdopted"
+OPERATOR = "operator"
+DEFAULT_POOL = "default-pool"
+
+
+class RealStack:
+    """Everything above, started and stopped as one (``with RealStack(config) as stack:``)."""
+
+    def __init__(
+        self, config: StackConfig | None = None, roles: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        self.config = c = config or StackConfig()
+        self.cluster_id = ClusterId(c.project, c.location, c.cluster_name)
+        self.timeline = Timeline()
+        self.processes = ProcessRegistry()
+        self._own_workdir = c.workdir is None
+        self.workdir = Path(c.workdir) if c.workdir else Path(tempfile.mkdtemp(prefix="tpuprov-realstack-"))
+        role_map: dict[str, Sequence[str]] = dict(roles if roles is not None else load_roles(REPO_ROOT))
+        self.kube_cluster = RealCluster(self.workdir / "kube", roles=role_map)
+        self.gke = GkeEmulator(
+            [ClusterSeed(c.project, c.location, c.cluster_name, locations=c.cluster_zones or (c.location,))],
+            op_delay=c.gke_op_delay,
+        )
+        self.compute = ComputeEmulator()
+        self.iam = Iam.for_functions(role_map, c.project)
+        self.iam.grant(self.iam.principal_of(OPERATOR), ("container.*", "compute.*"))
+        self.pubsub = PubsubEmulator(c.project)
+        self.relay = EventarcRelay(c.project)
+        self.router: LogRouter | None = None
+        self.kube: RealKubeState | None = None
+        self.pods: PodFates | None = None
+        self.releases: ReleaseWiring | None = None
+        self.publisher: Any = None
+        self.function_urls: dict[str, str] = {}
+        self.startup_seconds = 0.0
+        self._started_at = 0.0
+        self._deleted_pools: list[str] = []
+        self._decisions: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def __enter__(self) -> RealStack:
+        self._started_at = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - self._started_at
+        self.timeline.add("stack", f"real sandbox up in {self.startup_seconds:.1f}s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        c = self.config
+        netns.isolate()  # before any thread or child: all of them inherit the loopback-only namespace
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        pubsub_error: list[BaseException] = []
+
+        def start_pubsub() -> None:
+            try:
+                self.pubsub.start()
+            except BaseException as exc:  # re-raised below
+                pubsub_error.append(exc)
+
+        pubsub_thread = threading.Thread(target=start_pubsub, name="pubsub-start", daemon=True)
+        pubsub_thread.start()
+        self.kube_cluster.start()
+        admin = self.kube_cluster.client()
+        cpu = nodes.PoolNodes(DEFAULT_POOL, "e2-standard-4", {c.location: c.cpu_nodes})
+        nodes.register_pool_nodes(admin, c.cluster_name, cpu)
+        self.gke.set_iam(self.iam)
+        self.compute.iam = self.iam
+        self.gke.start()
+        self.compute.start()
+        self.gke.set_policy_lookup(self.compute.exists)
+        self.gke.on_pool_ready(lambda cluster, pool: self._pool_ready(pool))
+        self.gke.on_pool_deleted(lambda cluster, name: self._pool_deleted(name))
+        self.relay.start()
+        env = self._function_env()
+        identities = {
+            f: {
+                "EMULATOR_ACCESS_TOKEN": self.iam.token_for(f),
+                "KUBECONFIG": str(self.kube_cluster.kubeconfig_for(f)),
+            }
+            for f in c.functions
+        }
+        waiters = start_functions(
+            self.processes, c.functions, env, self.workdir, REPO_ROOT, self._on_function_line, identities
+        )
+        pubsub_thread.join(timeout=c.startup_timeout)
+        if pubsub_error:
+            raise pubsub_error[0]
+        for function, wait in waiters.items():
+            url = wait(c.startup_timeout)
+            self.function_urls[function] = url
+            self.relay.route(wiring(function).topic(TOPIC_PREFIX), function, url)
+        create_wiring(
+            self.pubsub.host,
+            c.project,
+            {f: self.relay.push_endpoint(wiring(f).topic(TOPIC_PREFIX)) for f in c.functions},
+            retry=c.retry,
+            max_delivery_attempts=c.max_delivery_attempts,
+        )
+        self.publisher, subscriber = clients(self.pubsub.host)
+        subscriber.close()
+        self.kube = RealKubeState(admin, self.kube_cluster.audit_log)
+        sink_topics = {sink: wiring(function).topic(TOPIC_PREFIX) for sink, function in SINKS.items()}
+        self.router = LogRouter(
+            self.kube, self.cluster_id, c.sinks_dir, sink_topics, self.publisher, self.timeline.add
+        )
+        self.gke.on_operation_done(self.router.operation_done)
+        self.router.start()
+        self.kube.start()
+        self.pods = PodFates(admin)
+        self.pods.start()
+        self.releases = ReleaseWiring(self.kube_cluster)
+        self.releases.start()
+
+    def stop(self) -> None:
+        """Stop everything started (idempotent): threads, functions, emulators, the control plane."""
+        if self._stopped:
+            return
+        self._stopped = True
+        steps: list[Callable[[], None]] = [
+            lambda: self.releases.stop() if self.releases else None,
+            lambda: self.pods.stop() if self.pods else None,
+            lambda: self.kube.stop() if self.kube else None,
+            self.relay.stop,
+            self.processes.stop_all,
+            lambda: self.router.stop() if self.router else None,
+            lambda: self.publisher.transport.close() if self.publisher else None,
+            self.pubsub.stop,
+            self.kube_cluster.stop,
+            self.gke.stop,
+            self.compute.stop,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep stopping the rest
+                print(f"realstack: stop step failed: {exc!r}", file=sys.stderr)
+        if self._own_workdir and not os.environ.get("TPUPROV_KEEP_KUBE_DIR"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _function_env(self) -> dict[str, str]:
+        c = self.config
+        return {
+            "PROJECT_ID": c.project,
+            "LOCATION": c.location,
+            "CLUSTER_NAME": c.cluster_name,
+            "GKE_API_ENDPOINT": self.gke.url,
+            "COMPUTE_API_ENDPOINT": self.compute.url,
+            "MAX_EVENT_AGE_SECONDS": str(c.max_event_age_seconds),
+            "MANIFESTS_DIR": str(c.manifests_dir),
+            **dict(c.function_env),
+        }
+
+    def _on_function_line(self, function: str, line: str) -> None:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(record, dict) and record.get("event"):
+            with self._lock:
+                self._decisions.append({**record, "function": function})
+            self.timeline.add(function, f"{record['event']}: {record.get('message', '')}")
+
+    def _pool_ready(self, pool: dict[str, Any]) -> None:
+        spec = nodes.pool_from_gke(pool, self.compute.topology_of)
+        names = nodes.register_pool_nodes(self.kube_cluster.client(), self.config.cluster_name, spec)
+        self.timeline.add("gke", f"pool {spec.pool} RUNNING: {len(names)} Node(s) registered")
+
+    def _pool_deleted(self, name: str) -> None:
+        with self._lock:
+            self._deleted_pools.append(name)
+        gone = nodes.delete_pool_nodes(self.kube_cluster.client(), name)
+        self.timeline.add("gke", f"pool {name} deleted: {len(gone)} Node(s) gone")
+
+    # -- using the stack ------------------------------------------------------------------------
+
+    def setup(self, timeout: float = 300.0) -> None:
+        """Publish the manual setup message (``{"cluster": path}``) and wait until setup_cluster has
+        installed JobSet and Kueue and both local controllers serve."""
+        assert self.releases is not None
+        topic = self.publisher.topic_path(self.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
+        data = json.dumps({"cluster": self.cluster_id.path}).encode()
+        self.publisher.publish(topic, data).result(timeout=30)
+        self.timeline.add("user", "published the setup message")
+        deadline = time.monotonic() + timeout
+        for release in ("jobset", "kueue"):
+            if not self.releases.wait_ready(release, max(1.0, deadline - time.monotonic())):
+                raise TimeoutError(f"{release} not serving after setup: {self.releases.errors}")
+        self.wait_for(lambda: self.decisions("setup.component"), deadline - time.monotonic(), "setup")
+
+    def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a JobSet as the operator (kubectl create)."""
+        obj = {k: v for k, v in jobset.items()}
+        obj["metadata"] = {k: v for k, v in jobset["metadata"].items() if k != "uid"}
+        ns = str(obj["metadata"].get("namespace", "default"))
+        self.timeline.add("user", f"submitted JobSet {ns}/{obj['metadata']['name']}")
+        return self.kube_cluster.client().create(collection(JOBSET_API, "jobsets", ns), obj)
+
+    def delete_jobset(self, namespace: str, name: str) -> bool:
+        self.timeline.add("user", f"kubectl delete jobset {namespace}/{name}")
+        return self.kube_cluster.client().delete(f"{collection(JOBSET_API, 'jobsets', namespace)}/{name}")
+
+    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.kube_cluster.client().get(f"{collection(JOBSET_API, 'jobsets', namespace)}/{name}")
+
+    def jobset_state(self, namespace: str, name: str) -> str:
+        """``Completed``, ``Failed``, ``Suspended``, ``Running`` or ``Gone``."""
+        jobset = self.jobset(namespace, name)
+        if jobset is None:
+            return "Gone"
+        conditions = (jobset.get("status") or {}).get("conditions") or []
+        for state in ("Completed", "Failed", "Suspended"):
+            if any(x.get("type") == state and x.get("status") == "True" for x in conditions):
+                return state
+        return "Running"
+
+    def pools(self) -> list[dict[str, Any]]:
+        return self.gke.pools(self.cluster_id.path)
+
+    def managed_pools(self) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pools()
+            if ((p.get("config") or {}).get("labels") or {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+        ]
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        items = self.kube_cluster.client().list("/api/v1/events")
+        return [e for e in items if reason is None or e.get("reason") == reason]
+
+    def decisions(self, event: str | None = None, function: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            records = list(self._decisions)
+        return [
+            r
+            for r in records
+            if (event is None or r.get("event") == event)
+            and (function is None or r.get("function") == function)
+        ]
+
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.3
+    ) -> T:
+        """Poll ``predicate`` until truthy; TimeoutError with the timeline's tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                tail = "\n".join(e.render() for e in self.timeline.entries()[-40:])
+                raise TimeoutError(
+                    f"timed out after {timeout:.0f}s waiting for {what or predicate!r}:\n{tail}"
+                )
+            time.sleep(interval)
+
+    def summary(self) -> StackSummary:
+        """The stand-in's closing numbers; pods killed counted from the real pods (``PodFates``)."""
+        assert self.pods is not None
+        with self._lock:
+            deleted = list(self._deleted_pools)
+        return summarize(
+            self.gke.calls,
+            self.pools(),
+            self.managed_pools(),
+            deleted,
+            self.relay.deliveries,
+            time.monotonic() - self._started_at,
+            adopted_events=len(self.events(ADOPTED_REASON)),
+            pods_killed=self.pods.killed(),
+        )

@@ -1,0 +1,143 @@
+"""JobSet and Kueue as the product's ``setup_cluster`` installs them, their controllers run here.
+
+``setup_cluster`` server-side applies the unmodified release manifests. Their webhooks and CRD
+conversion name the controllers' Services, and their Deployments ask for a controller pod. The
+sandbox then does what envtest does for a controller run outside the cluster: as soon as a
+webhook configuration or CRD of a release appears, it repoints every webhook naming that release's
+namespace at ``https://127.0.0.1:<port><path>`` with the cluster CA as ``caBundle``, deletes
+Kueue's visibility APIServices (an aggregated API is reachable only through a Service) and starts
+the controller as a local process under the release's own ServiceAccount
+(``sandbox.kube.addons.run_controller``). The Deployment's pod is played by KWOK on the default
+pool's Nodes, so ``setup_cluster`` sees it Available as on GKE, while the local process does the
+work. Until the repoint lands, a call to a webhook fails at once: the control plane's network
+namespace has only ``lo`` (``sandbox.kube.netns``). A later re-apply by ``setup_cluster`` is
+repointed again.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from sandbox.emulators.sockets import free_ports
+from sandbox.kube import addons
+from sandbox.kube.api import ApiError
+from sandbox.kube.cluster import RealCluster
+
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+HOOK_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+API_SERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments/{name}"
+
+
+class ReleaseWiring:
+    """Repoints the releases' webhooks and starts their controllers (see the module docstring)."""
+
+    def __init__(
+        self, cluster: RealCluster, releases: tuple[addons.Addon, ...] = (addons.JOBSET, addons.KUEUE)
+    ):
+        self.cluster = cluster
+        self.api = cluster.client()
+        self.releases = releases
+        ports = free_ports(len(releases))
+        self.installed = {a.namespace: addons.Installed(a, p) for a, p in zip(releases, ports, strict=True)}
+        self.ca = base64.b64encode(cluster.ca_pem).decode()
+        self.repointed: list[str] = []  # "<kind>/<name>" of every object repointed, in order
+        self.started: dict[str, threading.Thread] = {}
+        self.errors: list[str] = []
+        self._ready: dict[str, threading.Event] = {a.name: threading.Event() for a in releases}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="release-wiring", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def wait_ready(self, name: str, timeout: float) -> bool:
+        """Whether release ``name``'s local controller is serving within ``timeout`` seconds."""
+        return self._ready[name].wait(timeout)
+
+    def _local(self, client_config: Mapping[str, Any]) -> dict[str, Any] | None:
+        service = client_config.get("service") or {}
+        installed = self.installed.get(str(service.get("namespace", "")))
+        if installed is None:
+            return None
+        return {
+            "url": f"https://127.0.0.1:{installed.webhook_port}{service.get('path', '/')}",
+            "caBundle": self.ca,
+        }
+
+    def _repoint_hooks(self) -> None:
+        for kind in HOOK_KINDS:
+            for config in self.api.list(f"{ADMISSION}/{kind}"):
+                changed = False
+                for hook in config.get("webhooks") or []:
+                    local = self._local(hook.get("clientConfig") or {})
+                    if local is not None:
+                        hook["clientConfig"], changed = local, True
+                if changed:
+                    self._update(f"{ADMISSION}/{kind}/{config['metadata']['name']}", config, kind)
+
+    def _repoint_crds(self) -> None:
+        for crd in self.api.list(CRDS):
+            webhook = ((crd.get("spec") or {}).get("conversion") or {}).get("webhook") or {}
+            local = self._local(webhook.get("clientConfig") or {})
+            if local is not None:
+                webhook["clientConfig"] = local
+                self._update(f"{CRDS}/{crd['metadata']['name']}", crd, "customresourcedefinitions")
+
+    def _update(self, path: str, obj: dict[str, Any], kind: str) -> None:
+        try:
+            self.api.request("PUT", path, obj)  # resourceVersion as read: a concurrent apply wins, retry
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        self.repointed.append(f"{kind}/{obj['metadata']['name']}")
+
+    def _drop_api_services(self) -> None:
+        for release in self.releases:
+            for name in release.api_services:
+                if self.api.delete(f"{API_SERVICES}/{name}"):
+                    self.repointed.append(f"apiservices/{name} (deleted)")
+
+    def _start_controllers(self) -> None:
+        for installed in self.installed.values():
+            release = installed.addon
+            if release.name in self.started:
+                continue
+            path = DEPLOYMENTS.format(ns=release.namespace, name=release.deployment)
+            if self.api.get(path) is None:
+                continue  # setup_cluster has not reached this release's Deployment yet
+            thread = threading.Thread(
+                target=self._run_controller, args=(installed,), name=f"start-{release.name}", daemon=True
+            )
+            self.started[release.name] = thread
+            thread.start()
+
+    def _run_controller(self, installed: addons.Installed) -> None:
+        try:
+            addons.run_controller(self.cluster, installed)
+        except Exception as exc:  # reported by wait_ready's caller through errors
+            self.errors.append(f"{installed.addon.name}: {exc}")
+            return
+        self._ready[installed.addon.name].set()
+
+    def _loop(self) -> None:
+        interval = 0.3
+        while not self._stop.wait(interval):
+            try:
+                self._repoint_hooks()
+                self._repoint_crds()
+                self._drop_api_services()
+                self._start_controllers()
+            except (ApiError, OSError) as exc:
+                self.errors.append(repr(exc))
+            # Once both controllers serve, only a re-apply can undo the repoint: look less often.
+            interval = 2.0 if all(e.is_set() for e in self._ready.values()) else 0.3

@@ -1,0 +1,140 @@
+"""The product end to end on the real components (``RealStack``): one stack for the module.
+
+GKE's "TPU Multislice with JobSet and Kueue" flow runs first: the product's ``setup_cluster``
+installs the unmodified JobSet and Kueue releases, ``apply_kueue`` the default queues, and three
+queued JobSets run on pools ``provision`` creates from the real scheduler's ``FailedScheduling``
+Events, exported through the ``sinks/`` filters. Then scenarios ported from the stand-in stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox.kube import rbac
+from sandbox.realstack import demo
+from sandbox.realstack.core import RealStack
+from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
+from sandbox.stack.wiring import RetryPolicy
+from shared.core import labels
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CONFIG = StackConfig(
+    functions=ALL_FUNCTIONS,
+    gke_op_delay=1.0,
+    # Redelivery within seconds, as the stand-in scenarios' FAST config does.
+    retry=RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4),
+)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[RealStack]:
+    with RealStack(CONFIG) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def outcome(stack: RealStack) -> demo.Outcome:
+    return demo.run(stack, run_seconds=5, timeout=420)
+
+
+def test_the_multislice_kueue_flow_runs_on_the_real_components(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    assert outcome.problems == []
+    assert outcome.states == {name: "Completed" for name, _ in demo.JOBSETS}
+    summary = outcome.summary
+    # The 3-slice JobSet's three pools, handed over to the next two JobSets, then deleted.
+    assert summary.pools_created == 3
+    assert summary.pools_deleted == 3
+    assert summary.pools_leaked == []
+    assert summary.pools_adopted >= 1
+    assert summary.pods_killed == 0
+
+
+def test_setup_cluster_installed_both_releases_unmodified(stack: RealStack, outcome: demo.Outcome) -> None:
+    components = {d.get("component"): d for d in stack.decisions("setup.component", function="setup_cluster")}
+    assert set(components) >= {"jobset", "kueue"}
+    api = stack.kube_cluster.client()
+    for ns, name in (
+        ("jobset-system", "jobset-controller-manager"),
+        ("kueue-system", "kueue-controller-manager"),
+    ):
+        deployment = api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
+        assert deployment is not None
+        # As the release asks: one replica, Available (KWOK plays its pod on the default pool).
+        assert deployment["spec"]["replicas"] == 1
+        assert deployment["status"].get("availableReplicas") == 1
+    # Every webhook the release pointed at its Service now points at the local controller.
+    assert stack.releases is not None
+    hooks = {r.split("/", 1)[1] for r in stack.releases.repointed if r.startswith("mutating")}
+    assert {"jobset-mutating-webhook-configuration", "kueue-mutating-webhook-configuration"} <= hooks
+
+
+def test_the_real_schedulers_failed_scheduling_reached_provision_through_the_sink(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    assert stack.router is not None
+    routed = [r for r in stack.router.routed if r.sink == "pending-tpu-pods"]
+    scheduler = [
+        r
+        for r in routed
+        if r.entry["jsonPayload"].get("reason") == "FailedScheduling"
+        and r.entry["jsonPayload"].get("reportingComponent") == "default-scheduler"
+    ]
+    assert scheduler, [r.entry["jsonPayload"] for r in routed][:3]
+    entry = scheduler[0].entry
+    assert entry["resource"]["type"] == "k8s_pod"
+    assert entry["labels"]["logging.gke.io/top_level_controller_type"] == "JobSet"
+    created = stack.decisions("provision.created")
+    assert len(created) == 3
+
+
+def test_a_release_whose_role_lacks_node_update_gets_the_real_403_and_deletes_nothing(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_permissions.py. There the stand-in API checked the caller's
+    IAM role; here the role is the function's ClusterRole in the real API server, re-applied with
+    one permission fewer, and RBAC refuses the cordon."""
+    permissions = [p for p in stack.kube_cluster.roles["release"] if p != "container.nodes.update"]
+    api = stack.kube_cluster.client()
+    api.apply_all(rbac.objects_for("release", permissions))
+    name = "denied"
+    try:
+        jobset = demo.queued_jobset(name, 1, run_seconds=3)
+        jobset["metadata"]["labels"] = {}  # not queued: straight to the scheduler
+        stack.submit(jobset)
+        stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+        user = rbac.user_name("release")
+        refusal = f'User "{user}" cannot patch resource "nodes" in API group "" at the cluster scope'
+
+        def refused() -> list[dict[str, object]]:
+            return [d for d in stack.decisions(function="release") if refusal in str(d.get("message"))]
+
+        # Upstream RBAC's text, without the "requires one of [...]" GKE's IAM authorizer appends:
+        # the product cannot name the permission, so it takes the 403 for a retry, never a delete.
+        stack.wait_for(refused, 60, "release to meet the API server's 403")
+        assert "HTTP 403" in str(refused()[0]["message"])
+        owned = [
+            p
+            for p in stack.managed_pools()
+            if ((p.get("config") or {}).get("labels") or {}).get(labels.OWNER_NAME) == name
+        ]
+        assert len(owned) == 1, "the pool was deleted although release could not cordon it"
+    finally:
+        api.apply_all(rbac.objects_for("release", stack.kube_cluster.roles["release"]))
+    # Pub/Sub redelivers the terminal Event's message; with the role whole again the pool goes.
+    stack.wait_for(
+        lambda: (
+            not [
+                p
+                for p in stack.managed_pools()
+                if ((p.get("config") or {}).get("labels") or {}).get(labels.OWNER_NAME) == name
+            ]
+        ),
+        90,
+        f"{name}'s pool to be released",
+    )
+    assert stack.summary().pods_killed == 0
