@@ -14,12 +14,16 @@ KWOK runs the pods on the pools' Nodes, the real JobSet controller completes the
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from sandbox.jobsets import tpu_jobset
 from sandbox.realstack.core import RealStack
+from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from sandbox.stack.summary import StackSummary
+from sandbox.stack.timeline import TimelineEntry
 from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from shared.core import labels
 from shared.kueue.config import DEFAULT_CONFIG, load_config
@@ -115,3 +119,51 @@ def run(stack: RealStack, run_seconds: float = 5.0, timeout: float = 600.0) -> O
     if summary.pods_killed:
         problems.append(f"{summary.pods_killed} pod(s) killed by a node-pool deletion")
     return Outcome(states, summary, problems, seconds)
+
+
+def main(run_seconds: float = 5.0, timeout: float = 420.0, width: int = 160, out: TextIO = sys.stdout) -> int:
+    """``tpuprov demo --real``: the flow above with the live timeline; 0 when it ends clean."""
+    lock = threading.Lock()
+    quiet = threading.Event()  # once the summary prints, late timeline lines would interleave
+
+    def show(entry: TimelineEntry) -> None:
+        line = entry.render()
+        with lock:
+            if quiet.is_set():
+                return
+            print(line if len(line) <= width else line[: width - 3] + "...", file=out, flush=True)
+
+    print(
+        "tpuprov demo --real: etcd, kube-apiserver, scheduler, controller manager, KWOK, JobSet and", file=out
+    )
+    print(
+        "Kueue controllers, GKE + Compute emulators, Pub/Sub emulator, the functions (loopback only)",
+        file=out,
+    )
+    started = time.monotonic()
+    config = StackConfig(functions=ALL_FUNCTIONS, gke_op_delay=1.0)
+    with RealStack(config) as stack:
+        print(f"started in {stack.startup_seconds:.1f}s; API server {stack.kube_cluster.server}", file=out)
+        stack.timeline.listen(show)
+        outcome = run(stack, run_seconds=run_seconds, timeout=timeout)
+        quiet.set()
+        summary = outcome.summary
+        phases = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.seconds.items())
+        print("\nSummary (real Kubernetes components)", file=out)
+        print(f"  JobSets:        {', '.join(f'{n} {s}' for n, s in outcome.states.items())}", file=out)
+        print(
+            f"  node pools:     created {summary.pools_created}, handed over {summary.pools_adopted}, "
+            f"deleted {summary.pools_deleted}, leaked {len(summary.pools_leaked)}",
+            file=out,
+        )
+        print(
+            f"  pods killed by a pool deletion (pod GC's DisruptionTarget): {summary.pods_killed}", file=out
+        )
+        print(f"  phases:         {phases}", file=out)
+    print(f"  wall time:      {time.monotonic() - started:.1f}s (stack up and down included)", file=out)
+    for problem in outcome.problems:
+        print(f"  PROBLEM: {problem.splitlines()[0]}", file=out)
+    if outcome.problems:
+        return 1
+    print("  result:         OK", file=out)
+    return 0

@@ -33,6 +33,12 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"
     )
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="the kueue scenario on the real kube-apiserver, scheduler, controller manager, JobSet and "
+        "Kueue (KWOK nodes; `make kube-bins` first; root, for a loopback-only network namespace)",
+    )
     parser.set_defaults(func=run, sandbox_command="demo")
 
 
@@ -78,6 +84,11 @@ def run(args: Any) -> int:
     if args.slices < 1:
         print("tpuprov demo: --slices must be at least 1")
         return 2
+    if getattr(args, "real", False):
+        from sandbox.realstack.demo import main as real_demo
+
+        # The stand-in's 60 s default is too short for a control plane and two installs.
+        return real_demo(run_seconds=max(args.run_seconds, 5.0), timeout=max(args.timeout, 420.0))
     options = DemoOptions(
         topology=args.topology,
         slices=args.slices,
