@@ -16,27 +16,22 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
-from shared.cloud.retry import Budget
 from shared.core import labels, logs
-from shared.core.errors import AlreadyExistsError, NotFoundError, Refused, TransientError
+from shared.core.errors import NotFoundError, Refused
 from shared.core.settings import Settings
-from shared.provisioning import backoff, slots
-from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
-from shared.provisioning.fallback import Attempts, Fallback
-from shared.provisioning.fanout import fan_out
-from shared.provisioning.guard import MANAGED_NODES
-from shared.provisioning.occupancy import Verdict
+from shared.provisioning import backoff
+from shared.provisioning.admission import CheckVerdict, decide
+from shared.provisioning.admission_pools import SlicePools
+from shared.provisioning.fallback import Fallback
 from shared.provisioning.policies import WorkloadPolicies
-from shared.provisioning.releaser import Releaser
-from shared.provisioning.requests import Create, create_why, guardrail
+from shared.provisioning.requests import guardrail
 from shared.tpu import catalog
-from shared.tpu.nodepools import STATUS_ERROR, ClusterInfo, NodePoolInfo
+from shared.tpu.nodepools import ClusterInfo
 from shared.tpu.workloads import (
     PENDING,
     READY,
@@ -74,11 +69,6 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _node_ready(node: Mapping[str, Any]) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 class AdmissionChecker:
     """Provisions the slices of Workloads that wait for the product's admission check."""
 
@@ -98,7 +88,7 @@ class AdmissionChecker:
         self.backoff = backoff.Backoff(settings, kube, wall_clock)
         self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
         self._cluster: ClusterInfo | None = None
-        self.operation_limit: int | None = settings.gke_operation_limit or None
+        self.pools = SlicePools(settings, gke, kube, self.backoff, self.fallback, self.cluster, policies)
 
     def cluster(self) -> ClusterInfo:
         if self._cluster is None:
@@ -190,11 +180,16 @@ class AdmissionChecker:
         if refusal:
             return decide([], refusal), ()
         pools = {p.name: p for p in self.gke.list_node_pools(self.settings.cluster_path)}
-        states = self._states(jobset, slices, pools)
+        states = self.pools.states(jobset, slices, pools)
         verdict = decide(states)
         created: tuple[str, ...] = ()
+        # Idle pools of the same shape first (handover), then create what is still missing.
+        missing = set(verdict.create) if verdict.state == PENDING else set()
+        if missing and self.pools.take_idle(jobset, slices, missing, list(pools.values())):
+            pools = {p.name: p for p in self.gke.list_node_pools(self.settings.cluster_path)}
+            verdict = decide(self.pools.states(jobset, slices, pools))
         if verdict.state == PENDING and verdict.create:
-            created, verdict = self._create(jobset, slices, verdict, list(pools.values()))
+            created, verdict = self.pools.create(jobset, slices, verdict, list(pools.values()))
         if verdict.state == READY:
             return _with_updates(verdict, self._pod_set_updates(slices)), created
         return verdict, created
@@ -229,131 +224,6 @@ class AdmissionChecker:
             if why:
                 return f"{request.slice_id.describe()}: {why}"
         return ""
-
-    def _states(
-        self, jobset: dict[str, Any], slices: list[WorkloadSlice], pools: Mapping[str, NodePoolInfo]
-    ) -> list[SliceState]:
-        failures = backoff.failures(jobset)
-        now = self.backoff.clock()
-        nodes: dict[str, int] | None = None
-        states = []
-        for item in slices:
-            name = item.request.pool_name
-            pool = pools.get(name)
-            failure = failures.get(name)
-            retry_in = max(0.0, backoff.retry_at(self.settings, failure) - now) if failure else 0.0
-            failed = ""
-            if pool is not None and pool.status == STATUS_ERROR:
-                recorded = self.fallback.report(item.request, pool)
-                failed = pool.status_message or "status ERROR"
-                if recorded is not None:
-                    retry_in = max(0.0, backoff.retry_at(self.settings, recorded) - now)
-                    if not recorded.next and retry_in == 0:
-                        self._recycle(jobset, pool)  # backoff over: make room for the next attempt
-                    if recorded.next or retry_in == 0:
-                        failed = ""  # falling back now, or recycled at once: the slice is retried
-            elif pool is None and failure is not None and retry_in > 0:
-                failed = f"attempt {failure.attempts} failed"
-            ready = 0
-            if pool is not None and pool.status == "RUNNING":
-                if nodes is None:
-                    nodes = {}
-                    for node in self.kube.list_nodes(MANAGED_NODES):
-                        pool_label = ((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL)
-                        if pool_label and _node_ready(node):
-                            nodes[pool_label] = nodes.get(pool_label, 0) + 1
-                ready = nodes.get(name, 0)
-            states.append(
-                SliceState(
-                    pool=name,
-                    status=pool.status if pool is not None else MISSING,
-                    nodes=pool.node_count if pool is not None else 0,
-                    nodes_ready=ready,
-                    failed=failed,
-                    retry_in=retry_in,
-                )
-            )
-        return states
-
-    def _recycle(self, jobset: dict[str, Any], pool: NodePoolInfo) -> None:
-        """Delete a failed pool whose backoff is over (occupancy-safe, as reconcile recycles it)."""
-        meta = jobset.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        why = f"GKE could not provision it ({pool.status_message or 'status ERROR'}); its backoff is over"
-        outcome = Releaser(self.settings, self.gke, self.kube).dispose(
-            [(pool, Verdict(True, why))], "admission check", {key: jobset}, [pool]
-        )
-        if outcome.retry:
-            raise TransientError("; ".join(outcome.retry))
-        if outcome.deleted:
-            self.backoff.recycled(jobset, [pool.name])
-
-    def _create(
-        self,
-        jobset: dict[str, Any],
-        slices: list[WorkloadSlice],
-        verdict: CheckVerdict,
-        pools: list[NodePoolInfo],
-    ) -> tuple[tuple[str, ...], CheckVerdict]:
-        """Create every missing pool at once (within free operation slots and the deadline)."""
-        from shared.tpu.slices import build_node_pool
-
-        missing = set(verdict.create)
-        wanted: list[Create] = []
-        shapes: dict[str, catalog.SliceShape] = {}
-        failures = backoff.failures(jobset)
-        for item in slices:
-            request = item.request
-            if request.pool_name not in missing:
-                continue
-            try:
-                attempts = Attempts(self.fallback.options(request, jobset), failures)
-                spec, shape = build_node_pool(
-                    self.settings, request, self.cluster(), attempts.option(request.pool_name)
-                )
-            except Refused as exc:
-                return (), decide([], f"{request.slice_id.describe()}: {exc.why}")
-            wanted.append(Create(request, spec, request.slice_id.describe()))
-            shapes[spec.name] = shape
-        free = slots.free(self.operation_limit, pools)
-        sendable = wanted if free is None else wanted[:free]
-
-        def send(item: Create) -> None:
-            why = f"{create_why(item, shapes[item.spec.name])} (admission check of its Workload)"
-            if self.policies is not None:
-                self.policies.ensure_for(item.spec, why)
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
-
-        budget = Budget(self.settings.request_deadline_seconds)
-        result = fan_out(sendable, send, self.settings.create_concurrency, budget)
-        created: list[str] = []
-        refused: list[str] = []  # capacity refused with no fallback left: the slice backs off
-        rejected: list[str] = []  # GKE will never build it as asked
-        wait = 0.0
-        for sent, error in result.sent:
-            refusal = backoff.refused_capacity(error) if error is not None else ""
-            if refusal:
-                failure = self.fallback.refused(sent.request, jobset, sent.spec, refusal)
-                if not failure.next:
-                    refused.append(f"{sent.spec.name} ({refusal})")
-                    wait = max(wait, backoff.retry_at(self.settings, failure) - self.backoff.clock())
-                continue
-            if error is None:
-                created.append(sent.spec.name)
-            elif isinstance(error, TransientError | AlreadyExistsError):
-                continue  # made already, or a 429/busy answer: the next look sends it again
-            else:
-                rejected.append(f"GKE rejected pool {sent.spec.name}: {error.why}")
-        if created:
-            message = f"requested node pools {', '.join(created)} for its Workload's admission check"
-            self.kube.record_event(_jobset_ref(jobset), labels.REASON_REQUESTED, message)
-        if rejected:
-            return tuple(created), decide([], "; ".join(rejected))
-        if refused:
-            seconds = max(1, math.ceil(wait))
-            why = f"{verdict.message}; could not provision {', '.join(refused)}; retry in {seconds}s"
-            return tuple(created), CheckVerdict(RETRY, why, requeue_after=seconds)
-        return tuple(created), verdict
 
     def _pod_set_updates(self, slices: list[WorkloadSlice]) -> dict[str, dict[str, str]]:
         """nodeSelector entries each pod set needs and its template lacks (the flavor's labels)."""
@@ -424,11 +294,3 @@ def _with_updates(verdict: CheckVerdict, updates: dict[str, dict[str, str]]) -> 
 
 def _updates_of(verdict: CheckVerdict) -> dict[str, dict[str, str]]:
     return {name: dict(pairs) for name, pairs in verdict.pod_set_updates}
-
-
-def _jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
-        "kind": "JobSet",
-        "metadata": jobset.get("metadata") or {},
-    }

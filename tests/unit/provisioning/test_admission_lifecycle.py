@@ -3,10 +3,23 @@ arrives before Kueue wrote the check's entry, and flavors the check does not cov
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import time
+
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.core import labels
 from shared.provisioning.admission_check import AdmissionChecker
+from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING
+from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.test_admission_check import CHECK, CLUSTER, SETTINGS, setup, state_of
+
+
+def ago(seconds: float) -> str:
+    then = datetime.datetime.now(tz=datetime.UTC) - datetime.timedelta(seconds=seconds)
+    return then.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_a_failed_slice_is_recycled_after_its_backoff_and_requested_again(
@@ -53,3 +66,38 @@ def test_a_queue_whose_check_covers_other_flavors_is_left_to_the_pending_pod_pat
     }
     result = AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
     assert result.state == "" and gke.count("create") == 0 and kube.check_writes == []
+
+
+def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # A finished JobSet's pool that release keeps idle for a queued JobSet of its shape.
+    old = tpu_jobset("old", "team-a", replicas=1, uid="old-uid")
+    old["status"] = {"conditions": [{"type": "Completed", "status": "True", "lastTransitionTime": ago(60)}]}
+    kube.add_jobset(old)
+    spec, _ = build_node_pool(SETTINGS, slice_request(expand_pods(old)[0]), gke.get_cluster(CLUSTER))
+    gke.create_node_pool(CLUSTER, spec, "test")
+    gke.mark(CLUSTER, spec.name, STATUS_RUNNING)
+    idle = gke.pools[CLUSTER][spec.name]
+    gke.pools[CLUSTER][spec.name] = dataclasses.replace(
+        idle, labels={**idle.labels, labels.IDLE_SINCE: str(int(time.time()) - 30)}
+    )
+    kube.add_pool_nodes(gke.pools[CLUSTER][spec.name])
+
+    _, wl = setup(kube, replicas=2)
+    checker = AdmissionChecker(SETTINGS, gke, kube)
+    result = checker.handle("team-a", wl["metadata"]["name"])
+    assert result.state == "Pending" and len(result.created) == 1  # one slice taken over, one created
+    assert gke.count("create") == 2  # the old JobSet's own create and this one
+    adopted = gke.pools[CLUSTER][spec.name].labels
+    assert (adopted[labels.OWNER_NAME], adopted[labels.OWNER_UID]) == ("train", "js-uid")
+    assert adopted[labels.HANDED_OVER_FROM] == "old" and labels.IDLE_SINCE not in adopted
+    assert labels.REASON_ADOPTED in kube.reasons()
+    assert state_of(kube, wl)["message"] == "pools ready 1/2"
+
+    new = result.created[0]
+    gke.mark(CLUSTER, new, STATUS_RUNNING)
+    kube.add_pool_nodes(gke.pools[CLUSTER][new])
+    assert checker.sweep()[0].state == "Ready"
+    assert state_of(kube, wl)["message"] == "pools ready 2/2"
+    assert gke.count("create") == 2 and gke.count("delete") == 0
