@@ -70,6 +70,7 @@ FUNCTIONS: tuple[FunctionWiring, ...] = (
 SINKS: Mapping[str, str] = {
     "pending-tpu-pods": "provision",
     "nodepool-operations": "provision",
+    "workload-quota-reserved": "provision",
     "jobset-lifecycle": "release",
     "cluster-created": "setup_cluster",
 }
