@@ -22,7 +22,7 @@ from typing import Any
 from sandbox.jobsets import tpu_jobset
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
-from sandbox.sim.pubsub import SimSubscription
+from sandbox.sim.push_delivery import SimSubscription
 from sandbox.sim.scheduler import schedule
 from sandbox.testing.fakes import FakeKube
 from shared.core import logs

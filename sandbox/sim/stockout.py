@@ -20,7 +20,7 @@ from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.jobsets import tpu_jobset
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
-from sandbox.sim.pubsub import SimSubscription
+from sandbox.sim.push_delivery import SimSubscription
 from sandbox.sim.scheduler import schedule
 from sandbox.testing.fakes import FakeKube
 from shared.core import labels, logs

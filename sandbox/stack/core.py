@@ -39,17 +39,17 @@ from sandbox.cluster.nodes import NodeMirror
 from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
 from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.eventarc import Delivery, EventarcRelay
+from sandbox.emulators.gcloud_pubsub import PubsubEmulator
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.emulators.logging.router import LogRouter
-from sandbox.emulators.pubsub import PubsubEmulator
 from sandbox.stack.config import REPO_ROOT, StackConfig
 from sandbox.stack.functions import start_functions
 from sandbox.stack.processes import ProcessRegistry
-from sandbox.stack.pubsub import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
 from sandbox.stack.summary import StackSummary, summarize
 from sandbox.stack.timeline import Timeline
+from sandbox.stack.wiring import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
 from shared.core import labels
 from shared.events.fields import ClusterId
 

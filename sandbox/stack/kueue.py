@@ -13,7 +13,7 @@ from typing import Any
 
 from sandbox.cluster.kueue_objects import KUEUE_API
 from sandbox.stack.core import Stack
-from sandbox.stack.pubsub import TOPIC_PREFIX, wiring
+from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from shared.cloud.objects import ApiClientObjects, Bounds
 from shared.kueue.apply import KueueService
 from shared.kueue.config import load_config, parse_config

@@ -19,7 +19,7 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
 from sandbox.stack.kueue import apply_kueue as apply_kueue  # re-exported for scenario tests
-from sandbox.stack.pubsub import RetryPolicy
+from sandbox.stack.wiring import RetryPolicy
 from shared.core import labels
 
 # Same policy shape as infra (exponential, capped), scaled down so a redelivery takes a second.

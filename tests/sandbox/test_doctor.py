@@ -18,7 +18,7 @@ import pytest
 
 from sandbox.stack.config import ALL_FUNCTIONS
 from sandbox.stack.core import Stack
-from sandbox.stack.pubsub import TOPIC_PREFIX, wiring
+from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from sandbox.testing.stack import FAST, exclusive_tpu_jobset, submit, wait_finished, wait_released
 from shared.setup.manifests import JOBSET, KUEUE
 from tpuprov.commands import why

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.emulators import pubsub as pubsub_emulator_module
-from sandbox.emulators.pubsub import PubsubEmulator, unavailable_reason
+from sandbox.emulators import gcloud_pubsub as pubsub_emulator_module
+from sandbox.emulators.gcloud_pubsub import PubsubEmulator, unavailable_reason
 from sandbox.emulators.sockets import alive, free_port, listener_is_ours
 
 FAKE_GCLOUD = """#!/bin/bash

@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from sandbox.sim.engine import Simulation
-from sandbox.sim.pubsub import SimSubscription
+from sandbox.sim.push_delivery import SimSubscription
 from sandbox.sim.scenario import SimConfig, run
 
 

@@ -28,14 +28,14 @@ from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
 from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
 from sandbox.jobsets import tpu_jobset
 from sandbox.stack.demo import is_routine
-from sandbox.stack.pubsub import (
+from sandbox.stack.timeline import Timeline, TimelineEntry
+from sandbox.stack.wiring import (
     FUNCTIONS,
     INFRA_MAX_DELIVERY_ATTEMPTS,
     INFRA_RETRY_POLICY,
     SINKS,
     TOPIC_PREFIX,
 )
-from sandbox.stack.timeline import Timeline, TimelineEntry
 from shared.core import labels
 from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
 from shared.tpu.jobsets import expand_pods

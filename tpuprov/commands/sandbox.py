@@ -107,7 +107,7 @@ def run(args: Any) -> int:
 def _doctor(fmt: str, config: Any) -> int:
     """The doctor report of a freshly deployed sandbox (every function, JobSet and Kueue installed)."""
     from sandbox.stack.core import Stack
-    from sandbox.stack.pubsub import TOPIC_PREFIX
+    from sandbox.stack.wiring import TOPIC_PREFIX
     from tpuprov import output
     from tpuprov.doctor.run import diagnose, document, exit_code, render_table
     from tpuprov.doctor.sandbox import StackDeployment, install_addons

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from sandbox.stack.core import Stack
-from sandbox.stack.pubsub import TOPIC_PREFIX, clients, wiring
+from sandbox.stack.wiring import TOPIC_PREFIX, clients, wiring
 from shared.cloud.endpoint import choose_endpoint
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect

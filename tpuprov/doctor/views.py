@@ -4,7 +4,7 @@ The checks (``tpuprov.doctor.checks``) are pure functions of these views. Two ad
 ``Deployment``: ``tpuprov.doctor.google`` over Google's APIs, and ``tpuprov.doctor.sandbox`` over a
 running sandbox stack. What the deployment *should* be comes from the same files Terraform applies
 (``infra/roles.json``) and the Terraform-checked restatement of ``infra/main.tf`` the sandbox wires
-its Pub/Sub with (``sandbox.stack.pubsub``), so doctor, the sandbox and infra cannot drift apart.
+its Pub/Sub with (``sandbox.stack.wiring``), so doctor, the sandbox and infra cannot drift apart.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Protocol
 
 from sandbox.emulators.iam import SHORT_NAMES
-from sandbox.stack.pubsub import FUNCTIONS, SINKS, FunctionWiring
+from sandbox.stack.wiring import FUNCTIONS, SINKS, FunctionWiring
 from shared.setup.manifests import Component
 from shared.tpu.nodepools import ClusterInfo
 

@@ -32,9 +32,9 @@ from sandbox.emulators.kube import patch as kube_patch
 from sandbox.emulators.kube.behaviours import Behaviours
 from sandbox.emulators.kube.errors import KubeApiError
 from sandbox.emulators.kube.http import FaultInjector, KubeHandler
+from sandbox.emulators.kube.object_store import clone
 from sandbox.emulators.kube.registry import Registry, ResourceType
-from sandbox.emulators.kube.storage import clone
-from sandbox.emulators.kube.store import KubeStore
+from sandbox.emulators.kube.write_paths import KubeStore
 
 __all__ = ["KubeApiError", "KubeApiServer", "main"]
 

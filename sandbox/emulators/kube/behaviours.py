@@ -15,9 +15,9 @@ import contextlib
 from typing import Any
 
 from sandbox.emulators.kube.errors import KubeApiError
+from sandbox.emulators.kube.object_store import now_rfc3339
 from sandbox.emulators.kube.registry import Registry, ResourceType, crd_resource_types
-from sandbox.emulators.kube.storage import now_rfc3339
-from sandbox.emulators.kube.store import KubeStore
+from sandbox.emulators.kube.write_paths import KubeStore
 
 CRD_GROUP_RESOURCE = ("apiextensions.k8s.io", "customresourcedefinitions")
 DEPLOYMENT_GROUP_RESOURCE = ("apps", "deployments")

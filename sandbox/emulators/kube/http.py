@@ -23,7 +23,6 @@ from sandbox.emulators.kube import patch as kube_patch
 from sandbox.emulators.kube.errors import KubeApiError, bad_request, method_not_allowed, resource_not_found
 from sandbox.emulators.kube.faults import FaultInjector
 from sandbox.emulators.kube.registry import Registry, ResourceType
-from sandbox.emulators.kube.store import KubeStore
 from sandbox.emulators.kube.views import (
     WatchFilter,
     bookmark_line,
@@ -32,6 +31,7 @@ from sandbox.emulators.kube.views import (
     wants_table,
     watch_line,
 )
+from sandbox.emulators.kube.write_paths import KubeStore
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TRUE = ("1", "t", "T", "true", "TRUE", "True")

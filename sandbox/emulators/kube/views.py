@@ -11,6 +11,7 @@ from typing import Any
 import kmock
 
 from sandbox.emulators.kube.errors import bad_request
+from sandbox.emulators.kube.object_store import StoreCore, WatchEvent
 from sandbox.emulators.kube.registry import ResourceType
 from sandbox.emulators.kube.selectors import (
     Requirement,
@@ -19,7 +20,6 @@ from sandbox.emulators.kube.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from sandbox.emulators.kube.storage import StoreCore, WatchEvent
 
 
 def _token(namespace: str, name: str) -> str:

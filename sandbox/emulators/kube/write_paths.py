@@ -20,8 +20,7 @@ from sandbox.emulators.kube.errors import (
     invalid,
     not_found,
 )
-from sandbox.emulators.kube.registry import ResourceType
-from sandbox.emulators.kube.storage import (
+from sandbox.emulators.kube.object_store import (
     NAME_RE,
     SUFFIX_CHARS,
     StoreCore,
@@ -30,6 +29,7 @@ from sandbox.emulators.kube.storage import (
     now_rfc3339,
     spec_of,
 )
+from sandbox.emulators.kube.registry import ResourceType
 
 
 class KubeStore(StoreCore):
