@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.app.entry import Runtime
 from shared.core import logs
+from shared.core.errors import TransientError
 from shared.events import envelope as events
 from shared.provisioning.admission_check import AdmissionChecker
 from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
@@ -76,8 +77,12 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
             if event.method == "CreateNodePool":
                 # A pool is up: Workloads waiting for the admission check may be Ready (or have
                 # slices still to request) now, not at the next reconcile sweep.
-                for result in admission_checker(runtime).sweep(f"{event.method} of {event.pool} finished"):
-                    requested.extend(result.created)
+                results = admission_checker(runtime).sweep(f"{event.method} of {event.pool} finished")
+                requested.extend(name for result in results for name in result.created)
+                if any(result.waiting_for_nodes for result in results):
+                    # GKE's operation ends as the VMs register; their Nodes turn Ready seconds later.
+                    # Redelivery looks again then, instead of leaving the Workload to the next sweep.
+                    raise TransientError("admission check: every pool RUNNING, waiting for Nodes Ready")
         return Outcome(
             CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
         )

@@ -51,6 +51,8 @@ class CheckVerdict:
     message: str
     requeue_after: int | None = None  # Retry only
     create: tuple[str, ...] = ()
+    # Pending only: every pool is RUNNING, some of their Nodes are not Ready yet (seconds, not minutes).
+    nodes_only: bool = False
     # Ready only: (pod set, ((node label, value), ...)) selectors its pods need and do not carry.
     pod_set_updates: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
@@ -76,7 +78,8 @@ def decide(slices: Sequence[SliceState], refusal: str = "") -> CheckVerdict:
     if ready == total:
         return CheckVerdict(READY, f"pools ready {total}/{total}")
     missing = tuple(s.pool for s in slices if s.status == MISSING)
-    return CheckVerdict(PENDING, f"pools ready {ready}/{total}", create=missing)
+    nodes_only = all(s.status == STATUS_RUNNING for s in slices)
+    return CheckVerdict(PENDING, f"pools ready {ready}/{total}", create=missing, nodes_only=nodes_only)
 
 
 __all__ = ["MISSING", "CheckVerdict", "SliceState", "decide"]

@@ -63,6 +63,8 @@ class CheckResult:
     state: str
     why: str
     created: tuple[str, ...] = ()
+    # Every pool is RUNNING and only Nodes are not Ready yet: worth another look within seconds.
+    waiting_for_nodes: bool = False
 
 
 def _now() -> str:
@@ -149,7 +151,7 @@ class AdmissionChecker:
         with logs.bound(workload=workload.key, jobset=f"{workload.namespace}/{workload.owner_name}"):
             verdict, created = self._verdict(workload)
             self._write(workload, state.state, state.message, state.last_transition, verdict, trigger)
-            return CheckResult(workload.key, verdict.state, verdict.message, created)
+            return CheckResult(workload.key, verdict.state, verdict.message, created, verdict.nodes_only)
 
     def _queue_uses_check(self, workload: WorkloadView) -> bool:
         try:

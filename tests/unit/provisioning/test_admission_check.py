@@ -49,7 +49,7 @@ RUNNING_READY = SliceState("a", STATUS_RUNNING, nodes=4, nodes_ready=4)
         (
             [RUNNING_READY, SliceState("b", STATUS_RUNNING, nodes=4, nodes_ready=3)],
             "",
-            CheckVerdict("Pending", "pools ready 1/2"),
+            CheckVerdict("Pending", "pools ready 1/2", nodes_only=True),
         ),
         (
             [RUNNING_READY, SliceState("b", STATUS_RUNNING, nodes=2, nodes_ready=2)],
