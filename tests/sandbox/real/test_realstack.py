@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.kube import rbac
+from sandbox.kube import nodes, rbac
 from sandbox.realstack import demo
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
@@ -138,3 +138,77 @@ def test_a_release_whose_role_lacks_node_update_gets_the_real_403_and_deletes_no
         f"{name}'s pool to be released",
     )
     assert stack.summary().pods_killed == 0
+
+
+def test_deleting_a_running_jobset_releases_its_pool_through_the_audit_log(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from the stand-in's deletion scenario. There the router saw the delete in the kmock
+    store; here the API server's audit log records it (GKE's policy: JobSet deletions) and the
+    router turns that record into the Admin Activity entry the jobset-lifecycle sink exports."""
+    name = "deleted-midway"
+    jobset = demo.queued_jobset(name, 1, run_seconds=600)
+    jobset["metadata"]["labels"] = {}
+    stack.submit(jobset)
+    api = stack.kube_cluster.client()
+    selector = f"{labels.JOBSET_NAME}={name}"
+
+    def running() -> bool:
+        pods = api.list("/api/v1/namespaces/default/pods", label_selector=selector)
+        return len(pods) == 2 and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
+
+    stack.wait_for(running, 120, f"{name}'s pods to run on their pool")
+    assert stack.delete_jobset("default", name)
+    assert stack.router is not None
+
+    def audited() -> list[object]:
+        return [
+            r
+            for r in stack.router.routed  # type: ignore[union-attr]
+            if r.sink == "jobset-lifecycle"
+            and str(r.entry.get("protoPayload", {}).get("resourceName", "")).endswith(f"/jobsets/{name}")
+        ]
+
+    stack.wait_for(audited, 30, "the audited deletion to be exported")
+    stack.wait_for(
+        lambda: (
+            not [
+                p
+                for p in stack.managed_pools()
+                if ((p.get("config") or {}).get("labels") or {}).get(labels.OWNER_NAME) == name
+            ]
+        ),
+        120,
+        f"{name}'s pool to be deleted",
+    )
+    # The pool went only after the JobSet's pods had: the pod GC failed none of them.
+    assert stack.summary().pods_killed == 0
+
+
+def test_pods_on_nodes_that_vanish_under_them_count_as_killed(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """The summary's kill count is read from the real pods: Nodes removed under running pods (as a
+    pool deleted behind the product's back would) leave pods the pod GC is bound to fail."""
+    name = "victim"
+    jobset = demo.queued_jobset(name, 1, run_seconds=600)
+    jobset["metadata"]["labels"] = {}
+    stack.submit(jobset)
+    api = stack.kube_cluster.client()
+    selector = f"{labels.JOBSET_NAME}={name}"
+
+    def running() -> list[dict[str, object]]:
+        pods = api.list("/api/v1/namespaces/default/pods", label_selector=selector)
+        ok = len(pods) == 2 and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
+        return pods if ok else []
+
+    pods = stack.wait_for(running, 120, f"{name}'s pods to run")
+    before = stack.summary().pods_killed
+    node_names = {str(pod["spec"]["nodeName"]) for pod in pods}  # type: ignore[index]
+    pools = {
+        str((api.get(f"/api/v1/nodes/{n}") or {})["metadata"]["labels"][labels.NODEPOOL]) for n in node_names
+    }
+    for pool in pools:
+        nodes.delete_pool_nodes(api, pool)
+    assert stack.summary().pods_killed == before + 2
+    stack.delete_jobset("default", name)
