@@ -11,7 +11,13 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.cloud.retry import Budget
 from shared.core import labels
-from shared.core.errors import AlreadyExistsError, NotFoundError, Refused, TransientError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    OperationLimitError,
+    Refused,
+    TransientError,
+)
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
@@ -262,7 +268,9 @@ class SlicePools:
             if error is None:
                 created.append(sent.spec.name)
             elif isinstance(error, TransientError | AlreadyExistsError):
-                continue  # made already, or a 429/busy answer: the next look sends it again
+                if isinstance(error, OperationLimitError):  # GKE names its limit: send no more than it
+                    self.operation_limit = slots.stated_quota(error.why) or self.operation_limit
+                continue  # made already, or a 429/busy answer: the next finished operation sends it
             else:
                 rejected.append(f"GKE rejected pool {sent.spec.name}: {error.why}")
         if created:
