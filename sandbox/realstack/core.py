@@ -317,6 +317,13 @@ class RealStack:
                 )
             time.sleep(interval)
 
+    def trigger_reconcile(self) -> str:
+        """Publish a Cloud Scheduler tick to the reconcile topic (the payload infra sends)."""
+        topic = self.publisher.topic_path(self.config.project, wiring("reconcile").topic(TOPIC_PREFIX))
+        data = json.dumps({"source": "cloud-scheduler", "action": "reconcile"}).encode()
+        self.timeline.add("cron", "Cloud Scheduler tick -> reconcile topic")
+        return str(self.publisher.publish(topic, data).result(timeout=30))
+
     def summary(self) -> StackSummary:
         """The stand-in's closing numbers; pods killed counted from the real pods (``PodFates``)."""
         assert self.pods is not None

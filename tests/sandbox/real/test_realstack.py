@@ -8,11 +8,13 @@ Events, exported through the ``sinks/`` filters. Then scenarios ported from the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 
 from sandbox.kube import nodes, rbac
+from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT
 from sandbox.realstack import demo
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
@@ -182,6 +184,61 @@ def test_deleting_a_running_jobset_releases_its_pool_through_the_audit_log(
         f"{name}'s pool to be deleted",
     )
     # The pool went only after the JobSet's pods had: the pod GC failed none of them.
+    assert stack.summary().pods_killed == 0
+
+
+def _owned(stack: RealStack, name: str) -> list[dict[str, object]]:
+    return [
+        p
+        for p in stack.managed_pools()
+        if ((p.get("config") or {}).get("labels") or {}).get(labels.OWNER_NAME) == name
+    ]
+
+
+def _creates(stack: RealStack, name: str) -> list[dict[str, object]]:
+    return [d for d in stack.decisions("provision.created") if f"default/{name} " in str(d.get("slice"))]
+
+
+def test_a_restart_under_the_failure_policy_keeps_and_reuses_the_pool(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_flow.py. There the simulated JobSet controller restarted the
+    JobSet; here the real one does (maxRestarts), after KWOK fails attempt 0's pods."""
+    name = "again"
+    jobset = demo.queued_jobset(name, 1, run_seconds=3)
+    jobset["metadata"]["labels"] = {}
+    jobset["spec"]["failurePolicy"] = {"maxRestarts": 2}
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    template["metadata"]["annotations"][FAIL_UNTIL_ATTEMPT] = "1"  # attempt 0 fails
+    stack.submit(jobset)
+    stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+    stored = stack.jobset("default", name) or {}
+    assert stored["status"]["restarts"] == 1
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pool to be released")
+    assert len(_creates(stack, name)) == 1  # one pool for the slice across both attempts
+    assert stack.summary().pods_killed == 0
+
+
+def test_lost_pending_events_are_recovered_by_reconcile(stack: RealStack, outcome: demo.Outcome) -> None:
+    """Ported from tests/sandbox/test_flow.py: the sink's exports of the real scheduler's
+    FailedScheduling for this JobSet's pods are lost; the reconcile tick finds the pending pods."""
+    assert stack.router is not None
+    name = "lost"
+
+    def is_lost_pod_event(entry: Mapping[str, Any]) -> bool:
+        involved = (entry.get("jsonPayload") or {}).get("involvedObject") or {}
+        return str(involved.get("name", "")).startswith(f"{name}-")
+
+    stack.router.drop_next(is_lost_pod_event, times=10_000)
+    jobset = demo.queued_jobset(name, 1, run_seconds=3)
+    jobset["metadata"]["labels"] = {}
+    stack.submit(jobset)
+    stack.wait_for(lambda: stack.router.dropped if stack.router else [], 60, "an export to be lost")
+    assert _creates(stack, name) == []  # nobody heard about the pending pods
+    stack.trigger_reconcile()
+    stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pool to be released")
+    assert {d["function"] for d in _creates(stack, name)} == {"reconcile"}
     assert stack.summary().pods_killed == 0
 
 
