@@ -44,6 +44,7 @@ from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.emulators.logging.router import LogRouter
+from sandbox.polling import eventually
 from sandbox.stack.config import REPO_ROOT, StackConfig
 from sandbox.stack.functions import start_functions
 from sandbox.stack.processes import ProcessRegistry
@@ -386,17 +387,11 @@ class Stack:
         self, predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.1
     ) -> T:
         """Poll ``predicate`` until it returns something truthy; TimeoutError with the timeline tail."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                tail = "\n".join(e.render() for e in self.timeline.entries()[-40:])
-                raise TimeoutError(
-                    f"timed out after {timeout:.0f}s waiting for {what or predicate!r}:\n{tail}"
-                )
-            time.sleep(interval)
+
+        def tail() -> str:
+            return "\n".join(e.render() for e in self.timeline.entries()[-40:])
+
+        return eventually(predicate, timeout, what, interval, explain=tail)
 
     def env(self) -> dict[str, str]:
         """What to export to use the running sandbox from a shell (gcloud, kubectl, tpuprov publish)."""

@@ -96,13 +96,3 @@ def raw(
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
-
-
-class FakeClock:
-    """A monotonic clock a test moves by hand (``clock.now += 5``); pass it as ``GkeEmulator(clock=...)``."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now

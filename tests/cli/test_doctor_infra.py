@@ -4,52 +4,25 @@ Terraform, so a rename in infra/ fails here instead of making doctor report a he
 from __future__ import annotations
 
 import re
-from typing import Any
-
-import hcl2
 
 from sandbox.emulators.iam import SHORT_NAMES
-from tests.paths import REPO
+from tests.infra.hcl import INFRA, module
 from tpuprov.doctor.views import PUBLISHER_ROLE, SETUP_ROLE, Expected
-
-INFRA = REPO / "infra"
-
-
-def _tf(path: str) -> dict[str, Any]:
-    with (INFRA / path).open(encoding="utf-8") as handle:
-        parsed: dict[str, Any] = hcl2.load(handle)
-    return parsed
 
 
 def _text(path: str) -> str:
     return (INFRA / path).read_text(encoding="utf-8")
 
 
-def _resource(parsed: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
-    for block in parsed["resource"]:
-        for key, body in block.items():
-            if key.strip('"') == kind:
-                for inner, spec in body.items():
-                    if inner.strip('"') == name:
-                        found: dict[str, Any] = spec
-                        return found
-    raise KeyError(f"{kind}.{name}")
-
-
-def _unquote(value: Any) -> str:
-    return str(value).strip('"')
-
-
 def test_service_accounts_roles_and_their_bindings() -> None:
-    main = _tf("main.tf")
-    functions = main["locals"][0]["functions"]
-    assert {_unquote(f): _unquote(spec["short"]) for f, spec in functions.items()} == SHORT_NAMES
-    iam = _tf("iam.tf")
-    runtime = _resource(iam, "google_service_account", "runtime")
-    assert _unquote(runtime["account_id"]) == "${var.topic_prefix}-${each.value.short}"
-    role = _resource(iam, "google_project_iam_custom_role", "function")
-    assert _unquote(role["role_id"]) == '${replace(var.topic_prefix, "-", "_")}_${each.key}'
-    assert _unquote(_resource(iam, "google_project_iam_member", "setup_cluster_admin")["role"]) == SETUP_ROLE
+    infra = module()
+    functions = infra.locals["functions"]
+    assert {f: spec["short"] for f, spec in functions.items()} == SHORT_NAMES
+    runtime = infra.resource("google_service_account", "runtime")
+    assert runtime["account_id"] == "${var.topic_prefix}-${each.value.short}"
+    role = infra.resource("google_project_iam_custom_role", "function")
+    assert role["role_id"] == '${replace(var.topic_prefix, "-", "_")}_${each.key}'
+    assert infra.resource("google_project_iam_member", "setup_cluster_admin")["role"] == SETUP_ROLE
     e = Expected("my-project", "tp-x")
     assert e.service_account("setup_cluster") == "tp-x-setup@my-project.iam.gserviceaccount.com"
     assert e.role_name("release") == "projects/my-project/roles/tp_x_release"
@@ -59,10 +32,9 @@ def test_service_accounts_roles_and_their_bindings() -> None:
 def test_sinks_and_their_writer_grant() -> None:
     main = _text("main.tf")
     assert re.search(r'module "sink" \{.*?name\s+= "\$\{var\.topic_prefix\}-\$\{each\.key\}"', main, re.S)
-    sink = _tf("modules/sink/main.tf")
-    writer = _resource(sink, "google_pubsub_topic_iam_member", "writer")
-    assert _unquote(writer["role"]) == PUBLISHER_ROLE
-    assert _unquote(writer["member"]) == "${google_logging_project_sink.this.writer_identity}"
+    writer = module("modules/sink").resource("google_pubsub_topic_iam_member", "writer")
+    assert writer["role"] == PUBLISHER_ROLE
+    assert writer["member"] == "${google_logging_project_sink.this.writer_identity}"
     assert Expected("p", "tp-x").sink_name("jobset-lifecycle") == "tp-x-jobset-lifecycle"
 
 

@@ -8,27 +8,17 @@ from typing import Any
 
 import pytest
 
+from sandbox.testing.clock import FakeClock
 from shared.setup.manifests import JOBSET, KUEUE, VERSION_ANNOTATION
-from tests.cli.test_publish import RecordingPublisher, parse
+from tests.cli.publishing import RecordingPublisher, parse
 from tpuprov.commands import publish as cli_publish
 from tpuprov.progress import Progress
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def test_a_pipe_gets_one_line_when_a_step_starts_and_one_when_it_ends() -> None:
     out = io.StringIO()
     states = iter([(False, "0/1 available"), (False, "0/1 available"), (True, "1/1 available")])
-    clock = Clock()
+    clock = FakeClock(0.0)
     assert Progress(out, tty=False).wait_until(
         "Waiting for kueue", lambda: next(states), 60, 1, clock, clock.sleep
     )
@@ -38,7 +28,7 @@ def test_a_pipe_gets_one_line_when_a_step_starts_and_one_when_it_ends() -> None:
 def test_a_terminal_line_is_redrawn_with_a_spinner_and_the_detail() -> None:
     out = io.StringIO()
     states = iter([(False, "0/1 available"), (True, "1/1 available")])
-    clock = Clock()
+    clock = FakeClock(0.0)
     Progress(out, tty=True).wait_until("Waiting for jobset", lambda: next(states), 60, 1, clock, clock.sleep)
     text = out.getvalue()
     assert "\rWaiting for jobset" not in text.split("\x1b[2K")[0]
@@ -47,7 +37,7 @@ def test_a_terminal_line_is_redrawn_with_a_spinner_and_the_detail() -> None:
 
 def test_a_wait_that_times_out_says_so_and_how_far_it_got() -> None:
     out = io.StringIO()
-    clock = Clock()
+    clock = FakeClock(0.0)
     ok = Progress(out, tty=False).wait_until(
         "Waiting for kueue", lambda: (False, "v0.18.0 installed"), 10, 2, clock, clock.sleep
     )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import shlex
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +21,7 @@ from shared.events.envelope import (
 )
 from shared.events.trigger import parse_setup_payload
 from shared.kueue.config import DEFAULT_CONFIG, parse_config
+from tests.cli.publishing import RecordingPublisher, parse
 from tests.paths import REPO
 from tpuprov import main as cli
 from tpuprov.commands import publish as cli_publish
@@ -48,43 +47,11 @@ ENV_NAMES = (
 )
 
 
-class RecordingPublisher:
-    """A stateful fake Pub/Sub: keeps every message per topic and hands out increasing ids."""
-
-    def __init__(self, fail_with: Exception | None = None) -> None:
-        self.topics: dict[str, list[dict[str, Any]]] = {}
-        self.fail_with = fail_with
-
-    def publish(self, topic_path: str, data: bytes, attributes: Mapping[str, str]) -> str:
-        if self.fail_with is not None:
-            raise self.fail_with
-        message_id = str(1000 + sum(len(m) for m in self.topics.values()))
-        self.topics.setdefault(topic_path, []).append(
-            {
-                "data": base64.b64encode(data).decode(),
-                "attributes": dict(attributes),
-                "messageId": message_id,
-                "publishTime": "2026-05-01T12:00:00Z",
-            }
-        )
-        return message_id
-
-    def only_message(self) -> tuple[str, dict[str, Any]]:
-        [(topic, [message])] = self.topics.items()
-        return topic, message
-
-
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defaults come from the environment; start every test from none."""
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="tpuprov")
-    cli_publish.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["publish", *argv])
 
 
 def run(argv: list[str], publisher: RecordingPublisher) -> int:

@@ -17,7 +17,7 @@ from sandbox.testing.fixtures.kube import JOBSET_MANIFEST, KUEUE_MANIFEST, requi
 from shared.cloud.objects import ApiClientObjects, Bounds
 from shared.kueue.apply import KueueService
 from shared.kueue.config import parse_config
-from tests.cli.test_publish import RecordingPublisher, parse
+from tests.cli.publishing import RecordingPublisher, parse
 from tpuprov.commands import publish as cli_publish
 
 pytestmark = pytest.mark.integration

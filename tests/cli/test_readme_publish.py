@@ -17,7 +17,7 @@ import pytest
 from shared.events.envelope import decode_pubsub_message
 from shared.events.trigger import parse_setup_payload
 from shared.kueue.config import parse_config
-from tests.cli.test_publish import RecordingPublisher, parse
+from tests.cli.publishing import RecordingPublisher, parse
 from tests.paths import REPO
 from tpuprov.commands import publish as cli_publish
 

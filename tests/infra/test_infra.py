@@ -14,28 +14,13 @@ import re
 import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
-from typing import Any
 
-import hcl2
 import pytest
 
 from shared.core.settings import Settings
-from tests.paths import REPO
+from tests.infra.hcl import INFRA, ROOT, TF_ENV, WIRING, first, loads, module
 
-ROOT = REPO
-INFRA = ROOT / "infra"
-TF_ENV = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
-
-# The product wiring every engineer codes against (function -> source, topic suffix).
-WIRING = {
-    "provision": ("functions/provision/main.py", "pending-pods"),
-    "release": ("functions/release/main.py", "jobset-lifecycle"),
-    "reconcile": ("functions/reconcile/main.py", "reconcile"),
-    "setup_cluster": ("functions/setup_cluster/main.py", "setup"),
-    "apply_kueue": ("functions/apply_kueue/main.py", "kueue"),
-}
 SINK_WIRING = {
     "pending-tpu-pods": "provision",
     "nodepool-operations": "provision",
@@ -64,68 +49,7 @@ REQUIRED_ENV = {
     "KUEUE_VERSION",
 }
 
-
-# --- HCL loading ------------------------------------------------------------------------------
-
-
-def _clean(value: Any) -> Any:
-    """python-hcl2 keeps quotes on literals and adds bookkeeping keys; strip both."""
-    if isinstance(value, dict):
-        return {_clean(k): _clean(v) for k, v in value.items() if k not in ("__is_block__", "__comments__")}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
-    return value
-
-
-@dataclasses.dataclass
-class Module:
-    """The blocks of one Terraform module directory, keyed by name."""
-
-    path: Path
-    resources: dict[tuple[str, str], dict[str, Any]]
-    modules: dict[str, dict[str, Any]]
-    variables: dict[str, dict[str, Any]]
-    outputs: dict[str, dict[str, Any]]
-    locals: dict[str, Any]
-    text: str
-
-    def resource(self, type_: str, name: str) -> dict[str, Any]:
-        return self.resources[(type_, name)]
-
-    def of_type(self, type_: str) -> dict[str, dict[str, Any]]:
-        return {name: body for (t, name), body in self.resources.items() if t == type_}
-
-
-@cache
-def module(relative: str = "") -> Module:
-    path = INFRA / relative
-    mod = Module(path, {}, {}, {}, {}, {}, "")
-    for tf in sorted(path.glob("*.tf")):
-        text = tf.read_text()
-        mod.text += text
-        doc = _clean(hcl2.loads(text))
-        for block in doc.get("resource", []):
-            for type_, named in block.items():
-                for name, body in named.items():
-                    mod.resources[(type_, name)] = body
-        for kind, target in (("module", mod.modules), ("variable", mod.variables), ("output", mod.outputs)):
-            for block in doc.get(kind, []):
-                target.update(block)
-        for block in doc.get("locals", []):
-            mod.locals.update(block)
-    return mod
-
-
 MODULE_DIRS = ["", "modules/pubsub", "modules/sink", "modules/function"]
-
-
-def first(blocks: Any) -> dict[str, Any]:
-    """A nested block (python-hcl2 gives a list of one dict)."""
-    assert isinstance(blocks, list) and len(blocks) == 1, blocks
-    result: dict[str, Any] = blocks[0]
-    return result
 
 
 # --- formatting and static analysis ------------------------------------------------------------
@@ -208,7 +132,7 @@ def test_outputs_cover_topics_and_service_urls() -> None:
 
 
 def test_tfvars_example_sets_only_declared_variables() -> None:
-    example = _clean(hcl2.loads((INFRA / "terraform.tfvars.example").read_text()))
+    example = loads((INFRA / "terraform.tfvars.example").read_text())
     declared = set(module().variables)
     assert set(example) <= declared, set(example) - declared
     required = {n for n, body in module().variables.items() if "default" not in body}

@@ -27,7 +27,7 @@ import pytest
 
 from sandbox.emulators.logging.filter import parse_filter, render_template
 from shared.core import logs
-from tests.infra.test_infra import INFRA, ROOT, WIRING, first, module
+from tests.infra.hcl import INFRA, ROOT, WIRING, first, module
 
 SHARED = ROOT / "shared"
 LOGS_MODULE = SHARED / "core" / "logs.py"

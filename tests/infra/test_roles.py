@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.cloud.permissions import CALLS, OBJECT_VERBS, denied_permission, object_permissions
+from tests.infra.hcl import module
 from tests.infra.reach import port_methods, reached_calls, reached_permissions
 from tests.paths import REPO
 
@@ -131,8 +132,6 @@ def test_a_403_names_the_permission_it_lacks(message: str, permission: str) -> N
 
 
 def test_a_boot_disk_key_is_usable_by_compute_engines_service_agent_only_when_set() -> None:
-    from tests.infra.test_infra import module
-
     grant = module().resource("google_kms_crypto_key_iam_member", "boot_disk_cmek")
     assert grant["count"] == '${lookup(var.extra_env, "BOOT_DISK_KMS_KEY", "") == "" ? 0 : 1}'
     assert grant["crypto_key_id"] == '${var.extra_env["BOOT_DISK_KMS_KEY"]}'

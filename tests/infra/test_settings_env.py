@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from shared.core.settings import CONTROL_PLANE_ENDPOINTS, Settings
-from tests.infra.test_infra import INFRA, TF_ENV, WIRING, first, module
+from tests.infra.hcl import INFRA, TF_ENV, WIRING, first, module
 from tests.paths import REPO
 
 README = REPO / "README.md"

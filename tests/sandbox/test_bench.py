@@ -22,6 +22,7 @@ from sandbox.bench import report as bench_report
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
 from sandbox.jobsets import tpu_jobset
+from sandbox.testing.clock import FakeClock
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS
@@ -196,14 +197,6 @@ def test_cli_rejects_non_positive_counts(tmp_path, capsys):
 # --- the instance-local cache of pools known to exist --------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def pending(kube, name="train", replicas=1):
     jobset = tpu_jobset(name, "team-a", replicas=replicas, topology="4x4")
     kube.add_jobset(jobset)
@@ -219,7 +212,7 @@ def deliver(service, pod):
 
 
 def test_duplicates_within_the_ttl_cost_one_read_and_no_listing():
-    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
     service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
@@ -232,7 +225,7 @@ def test_duplicates_within_the_ttl_cost_one_read_and_no_listing():
 
 
 def test_a_pool_deleted_behind_the_cache_is_created_again_once_the_ttl_expires():
-    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
     service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
@@ -249,7 +242,7 @@ def test_a_pool_deleted_behind_the_cache_is_created_again_once_the_ttl_expires()
 def test_pools_on_their_way_out_are_never_remembered(status):
     # Without a stockout backoff: this is about the instance's memory, not about waiting out failures.
     settings = SETTINGS.with_overrides(stockout_backoff_seconds=0)
-    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
     service = Provisioner(settings, gke, kube, known_pool_ttl=30, clock=clock)
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
@@ -262,7 +255,7 @@ def test_pools_on_their_way_out_are_never_remembered(status):
 
 
 def test_a_callers_listing_bypasses_the_cache():
-    gke, kube, clock = FakeGke(), FakeKube(), Clock()
+    gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
     service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED

@@ -8,7 +8,7 @@ provision function would get.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from sandbox.cluster.scheduler import Scheduler, SchedulerConfig
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.jobsets import tpu_jobset
+from sandbox.polling import eventually
 from sandbox.stack.config import DEFAULT_MANIFESTS_DIR
 from sandbox.stack.timeline import Timeline
 from shared.cloud.gke import GkeNodePoolAPI
@@ -71,16 +72,6 @@ class Cluster:
         spec, _ = build_node_pool(SETTINGS, slice_request(pod), cluster)
         self.adapter.create_node_pool(SETTINGS.cluster_path, spec, "test")
         return spec.name
-
-
-def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from sandbox.cluster.nodes import FLEX_START, node_objects
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.testing.gke import FakeClock
+from sandbox.testing.clock import FakeClock
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core.errors import NotFoundError, RejectedError, TransientError
 from shared.provisioning.backoff import is_quota_error

@@ -20,7 +20,9 @@ from google.cloud import container_v1 as gke
 
 from sandbox.cluster.nodes import node_objects
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.testing.gke import FakeClock, make_pool, raw, rest_client
+from sandbox.polling import eventually
+from sandbox.testing.clock import FakeClock
+from sandbox.testing.gke import make_pool, raw, rest_client
 from tests.paths import REPO
 
 ZONE = "us-central2-b"
@@ -39,15 +41,6 @@ def client(gke_emulator: GkeEmulator) -> gke.ClusterManagerClient:
 def create(client: gke.ClusterManagerClient, pool: gke.NodePool, cluster: str = GKE_TEST_CLUSTER) -> Any:
     """Create without the library's retries, so each call is exactly one request."""
     return client.create_node_pool(parent=cluster, node_pool=pool, retry=None, timeout=5)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Poll until ``predicate`` holds; fail the test if it never does."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached in time")
-        time.sleep(0.02)
 
 
 REJECTED = [
@@ -528,7 +521,7 @@ def test_hang_is_cut_short_by_stop() -> None:
 
     worker = threading.Thread(target=call)
     worker.start()
-    wait_for(lambda: emulator.faults_fired("hang:get_cluster") == 1)
+    eventually(lambda: emulator.faults_fired("hang:get_cluster") == 1)
     started = time.monotonic()
     emulator.stop()
     worker.join(10)

@@ -19,6 +19,7 @@ from sandbox.cluster.kueue import KueueController
 from sandbox.cluster.kueue_objects import KUEUE_API, PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, workload_name
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.jobsets import tpu_jobset
+from sandbox.polling import eventually
 from sandbox.stack.config import DEFAULT_MANIFESTS_DIR
 from sandbox.stack.timeline import Timeline
 from shared.cloud.objects import ApiClientObjects, Bounds
@@ -130,16 +131,6 @@ class Cluster:
 
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.kube.list("v1", "events", "default") if e.get("reason") == reason]
-
-
-def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def steady(check: Callable[[], Any], seconds: float = 0.4) -> None:

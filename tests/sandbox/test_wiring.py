@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import hcl2
 import pytest
 from cloudevents.http import from_http
 
@@ -39,34 +38,7 @@ from sandbox.stack.wiring import (
 from shared.core import labels
 from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
 from shared.tpu.jobsets import expand_pods
-from tests.paths import REPO
-
-INFRA = REPO / "infra"
-
-
-def _unquote(node: Any) -> Any:
-    """python-hcl2 keeps the quotes of quoted keys and strings; drop them."""
-    if isinstance(node, dict):
-        return {str(k).strip('"'): _unquote(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_unquote(v) for v in node]
-    if isinstance(node, str) and len(node) >= 2 and node[0] == node[-1] == '"':
-        return node[1:-1]
-    return node
-
-
-def _tf(path: str) -> dict[str, Any]:
-    with (INFRA / path).open(encoding="utf-8") as handle:
-        parsed: dict[str, Any] = _unquote(hcl2.load(handle))
-        return parsed
-
-
-def _variable(name: str) -> dict[str, Any]:
-    for block in _tf("variables.tf")["variable"]:
-        if name in block:
-            found: dict[str, Any] = block[name]
-            return found
-    raise KeyError(name)
+from tests.infra.hcl import module
 
 
 def _seconds(duration: str) -> int:
@@ -79,15 +51,12 @@ def _seconds(duration: str) -> int:
 
 
 def test_retry_and_dead_letter_policy_match_the_terraform() -> None:
-    resources = _tf("modules/function/main.tf")["resource"]
-    push = next(
-        r["google_pubsub_subscription"]["push"] for r in resources if "google_pubsub_subscription" in r
-    )
+    push = module("modules/function").resource("google_pubsub_subscription", "push")
     retry = push["retry_policy"][0]
     assert _seconds(retry["minimum_backoff"]) == INFRA_RETRY_POLICY.minimum_backoff_seconds
     assert _seconds(retry["maximum_backoff"]) == INFRA_RETRY_POLICY.maximum_backoff_seconds
     assert push["dead_letter_policy"][0]["max_delivery_attempts"] == "${var.max_delivery_attempts}"
-    assert _variable("max_delivery_attempts")["default"] == INFRA_MAX_DELIVERY_ATTEMPTS
+    assert module().variables["max_delivery_attempts"]["default"] == INFRA_MAX_DELIVERY_ATTEMPTS
     assert push["ack_deadline_seconds"] == "${min(600, var.timeout_seconds)}"  # FunctionWiring.ack_deadline
     assert push["name"] == "${var.name}-push"
     # The relay is addressed the way infra addresses Cloud Run: <service>/projects/P/topics/T.
@@ -97,22 +66,17 @@ def test_retry_and_dead_letter_policy_match_the_terraform() -> None:
 
 
 def test_topics_subscriptions_and_timeouts_match_the_terraform() -> None:
-    main = _tf("main.tf")
-    functions = main["locals"][0]["functions"]
+    main = module()
+    functions = main.locals["functions"]
     assert {f.function: (f.topic_suffix, f.timeout_seconds) for f in FUNCTIONS} == {
         name: (spec["topic"], spec["timeout_seconds"]) for name, spec in functions.items()
     }
-    assert dict(SINKS) == main["locals"][0]["sinks"]
-    assert _variable("topic_prefix")["default"] == TOPIC_PREFIX
-    modules = {name: body for block in main["module"] for name, body in block.items()}
+    assert dict(SINKS) == main.locals["sinks"]
+    assert main.variables["topic_prefix"]["default"] == TOPIC_PREFIX
+    modules = main.modules
     assert modules["pubsub"]["topic_name"] == "${var.topic_prefix}-${each.value.topic}"
     assert modules["function"]["name"] == '${var.topic_prefix}-${replace(each.key, "_", "-")}'
-    pubsub = _tf("modules/pubsub/main.tf")["resource"]
-    dead_letter = next(
-        r["google_pubsub_topic"]["dead_letter"]
-        for r in pubsub
-        if "dead_letter" in r.get("google_pubsub_topic", {})
-    )
+    dead_letter = module("modules/pubsub").resource("google_pubsub_topic", "dead_letter")
     assert dead_letter["name"] == "${var.topic_name}-dead-letter"
     provision = next(f for f in FUNCTIONS if f.function == "provision")
     assert provision.topic() == "tpuprov-pending-pods"

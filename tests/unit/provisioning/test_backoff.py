@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import pytest
 
-from sandbox.jobsets import tpu_jobset
+from sandbox.testing.clock import FakeClock
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import InvalidInputError, TransientError
@@ -22,59 +21,24 @@ from shared.provisioning import backoff
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, SKIPPED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
-from shared.tpu.jobsets import expand_pods
-from shared.tpu.nodepools import STATUS_ERROR, STATUS_PROVISIONING, STATUS_RUNNING
-
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
-CLUSTER = SETTINGS.cluster_path
-STOCKOUT = "GCE_STOCKOUT: ZONE_RESOURCE_POOL_EXHAUSTED: the zone does not have enough resources available"
-T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
-OPTION = "on-demand@us-east5-b"  # no capacity policy: every attempt is the pod's own choice, on-demand
-
-
-class Clock:
-    """Wall-clock Unix seconds a test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from shared.tpu.nodepools import STATUS_PROVISIONING, STATUS_RUNNING
+from tests.unit.provisioning.stockouts import (
+    CLUSTER,
+    OPTION,
+    SETTINGS,
+    STOCKOUT,
+    T0,
+    failed_events,
+    pending,
+    record,
+    stock_out,
+    submit,
+)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-def submit(kube: FakeKube, name: str = "a", replicas: int = 1) -> list[dict[str, Any]]:
-    jobset = tpu_jobset(name, "team-a", replicas=replicas)
-    kube.add_jobset(jobset)
-    pods = expand_pods(jobset)
-    for pod in pods:
-        kube.add_pod(pod)
-    return pods
-
-
-def pending(service: Provisioner, pod: dict[str, Any]) -> str:
-    """One FailedScheduling event of ``pod`` handled by provision; returns the outcome."""
-    return service.handle_pending_pod("team-a", pod["metadata"]["name"], None).result
-
-
-def record(kube: FakeKube, name: str = "a") -> dict[str, Any]:
-    raw = kube.jobsets[("team-a", name)]["metadata"].get("annotations", {}).get(labels.SLICE_FAILURES)
-    return json.loads(raw) if raw else {}
-
-
-def failed_events(kube: FakeKube) -> list[dict[str, Any]]:
-    return [e for e in kube.events if e["reason"] == labels.REASON_FAILED]
-
-
-def stock_out(gke: FakeGke) -> None:
-    """What GKE does to every create while the zone has no capacity: the pool ends in ERROR."""
-    for name, pool in list(gke.pools.get(CLUSTER, {}).items()):
-        if pool.status == STATUS_PROVISIONING:
-            gke.mark(CLUSTER, name, STATUS_ERROR, STOCKOUT)
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 # -- the schedule ---------------------------------------------------------------------------------
@@ -157,7 +121,7 @@ def test_a_malformed_record_is_ignored_rather_than_blocking_the_jobset() -> None
 
 
 def test_first_sighting_records_the_attempt_on_the_jobset_and_says_when_it_is_retried(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     service = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -181,7 +145,7 @@ def test_first_sighting_records_the_attempt_on_the_jobset_and_says_when_it_is_re
 
 
 def test_reconcile_keeps_a_failed_pool_until_its_backoff_is_over_then_recycles_it(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -218,7 +182,7 @@ def test_reconcile_keeps_a_failed_pool_until_its_backoff_is_over_then_recycles_i
 
 
 def test_a_stockout_lasting_hours_costs_a_few_creates_per_hour_and_the_slice_lands_after(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -256,7 +220,7 @@ def test_a_stockout_lasting_hours_costs_a_few_creates_per_hour_and_the_slice_lan
 
 
 def test_a_quota_refusal_is_reported_on_the_jobset_and_backs_off_the_same_way(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -292,7 +256,7 @@ def test_a_quota_refusal_is_reported_on_the_jobset_and_backs_off_the_same_way(
 
 
 def test_siblings_backing_off_are_not_created_with_the_group(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, replicas=2)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -304,7 +268,7 @@ def test_siblings_backing_off_are_not_created_with_the_group(
 
 
 def test_two_functions_seeing_the_same_failure_count_it_once(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -321,7 +285,7 @@ def test_two_functions_seeing_the_same_failure_count_it_once(
 
 
 def test_a_jobset_that_keeps_changing_makes_the_write_retry_by_redelivery(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
@@ -335,7 +299,7 @@ def test_a_jobset_that_keeps_changing_makes_the_write_retry_by_redelivery(
 
 
 def test_a_failed_pool_of_a_jobset_that_is_gone_is_deleted_without_waiting(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
     pending(Provisioner(SETTINGS, gke, kube, wall_clock=clock), pods[0])
@@ -346,7 +310,7 @@ def test_a_failed_pool_of_a_jobset_that_is_gone_is_deleted_without_waiting(
 
 
 def test_an_attempt_is_logged_as_failed_once_however_often_it_is_seen(
-    gke: FakeGke, kube: FakeKube, clock: Clock, caplog: pytest.LogCaptureFixture
+    gke: FakeGke, kube: FakeKube, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The stockout metric counts backoff.failed lines: one per attempt, not one per sighting.
     pods = submit(kube)

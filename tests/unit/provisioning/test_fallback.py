@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from sandbox.jobsets import tpu_jobset
+from sandbox.testing.clock import FakeClock
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import TransientError
@@ -15,11 +16,11 @@ from shared.provisioning.outcomes import CREATED, EXISTS, SKIPPED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
-from tests.unit.provisioning.test_backoff import (
+from tests.unit.provisioning.stockouts import (
     CLUSTER,
     SETTINGS,
     STOCKOUT,
-    Clock,
+    T0,
     failed_events,
     pending,
     record,
@@ -30,8 +31,8 @@ B, A = "us-east5-b", "us-east5-a"
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock(T0)
 
 
 POLICY = SETTINGS.with_overrides(node_locations=(B, A), capacity_policy=f"spot@{B}, spot@{A}, on-demand@{B}")
@@ -65,7 +66,7 @@ class Recorder:
 
 
 def test_a_stockout_falls_back_to_the_next_option_at_once_and_only_then_backs_off(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)
@@ -94,7 +95,7 @@ def test_a_stockout_falls_back_to_the_next_option_at_once_and_only_then_backs_of
 
 
 def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube, {labels.SPOT: "true", labels.ZONE: B})
@@ -107,7 +108,7 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(
     assert created.seen == [f"spot@{B}"] and gke.managed_names(CLUSTER)  # waits, in ERROR
 
 
-def test_a_quota_refusal_falls_back_by_redelivery(gke: FakeGke, kube: FakeKube, clock: Clock) -> None:
+def test_a_quota_refusal_falls_back_by_redelivery(gke: FakeGke, kube: FakeKube, clock: FakeClock) -> None:
     created = Recorder(gke)
     pods = submit(kube)
     provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
@@ -118,7 +119,7 @@ def test_a_quota_refusal_falls_back_by_redelivery(gke: FakeGke, kube: FakeKube, 
     assert created.seen == [f"spot@{A}"]
 
 
-def test_the_jobset_annotation_chooses_the_policy(gke: FakeGke, kube: FakeKube, clock: Clock) -> None:
+def test_the_jobset_annotation_chooses_the_policy(gke: FakeGke, kube: FakeKube, clock: FakeClock) -> None:
     created = Recorder(gke)
     pods = submit(kube, **{labels.CAPACITY_POLICY: f"on-demand@{A}"})
     pending(Provisioner(POLICY, gke, kube, wall_clock=clock), pods[0])
@@ -126,7 +127,7 @@ def test_the_jobset_annotation_chooses_the_policy(gke: FakeGke, kube: FakeKube, 
 
 
 def test_a_bad_annotation_is_refused_on_the_pod_and_nothing_is_created(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, **{labels.CAPACITY_POLICY: "cheapest"})
     assert pending(Provisioner(POLICY, gke, kube, wall_clock=clock), pods[0]) == "refused"
@@ -137,7 +138,7 @@ def test_a_bad_annotation_is_refused_on_the_pod_and_nothing_is_created(
 
 
 def test_reconcile_recycles_a_failed_pool_at_once_when_the_policy_has_another_option(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)
@@ -153,7 +154,7 @@ def test_reconcile_recycles_a_failed_pool_at_once_when_the_policy_has_another_op
 
 
 def test_after_a_failed_round_the_slice_waits_then_starts_over_with_the_first_option(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     created = Recorder(gke)
     settings = POLICY.with_overrides(capacity_policy="spot, on-demand")
@@ -176,7 +177,7 @@ def test_after_a_failed_round_the_slice_waits_then_starts_over_with_the_first_op
 
 @pytest.mark.parametrize("answer", ["reservation-full", "reservation-missing"])
 def test_a_reservation_gke_cannot_use_falls_back_to_the_next_option(
-    gke: FakeGke, kube: FakeKube, clock: Clock, answer: str
+    gke: FakeGke, kube: FakeKube, clock: FakeClock, answer: str
 ) -> None:
     created = Recorder(gke)
     settings = POLICY.with_overrides(capacity_policy="reservation:tpu-res, on-demand")
@@ -192,7 +193,7 @@ def test_a_reservation_gke_cannot_use_falls_back_to_the_next_option(
 
 
 def test_a_pod_selecting_a_full_reservation_backs_off_instead_of_retrying_forever(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, {labels.RESERVATION_NAME: "tpu-res"})
     provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
@@ -204,7 +205,7 @@ def test_a_pod_selecting_a_full_reservation_backs_off_instead_of_retrying_foreve
 
 
 def test_a_policy_broken_after_the_create_backs_off_instead_of_failing_the_delivery(
-    gke: FakeGke, kube: FakeKube, clock: Clock
+    gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, **{labels.CAPACITY_POLICY: "spot, on-demand"})
     provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
@@ -219,7 +220,7 @@ def test_a_policy_broken_after_the_create_backs_off_instead_of_failing_the_deliv
 
 @pytest.mark.parametrize("answer", ["429", "incompatible"])
 def test_a_fallback_delete_gke_refuses_for_now_is_redelivered_and_then_done(
-    gke: FakeGke, kube: FakeKube, clock: Clock, answer: str
+    gke: FakeGke, kube: FakeKube, clock: FakeClock, answer: str
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)

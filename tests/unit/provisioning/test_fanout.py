@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from sandbox.jobsets import tpu_jobset
+from sandbox.testing.clock import FakeClock
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.cloud.retry import Budget
 from shared.core import labels
@@ -28,16 +29,6 @@ from shared.tpu.nodepools import NodePoolInfo
 SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", create_concurrency=1)
 CLUSTER = SETTINGS.cluster_path
 NOW = datetime.datetime.now(tz=datetime.UTC)
-
-
-class Clock:
-    """A monotonic clock that only moves when told to."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def submit(kube: FakeKube, replicas: int) -> list[dict]:
@@ -111,7 +102,7 @@ def requested_names(kube: FakeKube) -> list[str]:
 
 
 def test_deadline_stops_new_creates_and_redelivery_continues():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     gke, kube = FakeGke(), FakeKube()
     pods = submit(kube, replicas=8)
 
