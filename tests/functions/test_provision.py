@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import copy
 import json
 
 import pytest
@@ -13,8 +12,7 @@ from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
 from shared.events.envelope import ClusterId
-from shared.tpu.jobsets import expand_pods
-from tests.conftest import CLUSTER_ID
+from tests.functions.deliveries import pending_event, submit
 
 pytestmark = pytest.mark.integration
 
@@ -22,31 +20,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def fn(world):
     return FunctionClient("provision")
-
-
-def submit(world, jobset, mutate=None):
-    """Create the JobSet (the API assigns its uid) and its pending pods, as the controllers would."""
-    jobset = copy.deepcopy(jobset)
-    jobset["metadata"].pop("uid", None)
-    stored = world.kube.put(jobset)
-    pods = []
-    for pod in expand_pods(stored):
-        if mutate:
-            mutate(pod)
-        pods.append(world.kube.put(pod))
-    return stored, pods
-
-
-def pending_event(pod, cluster=CLUSTER_ID, **kwargs):
-    meta = pod["metadata"]
-    return logentries.pod_event_entry(
-        cluster,
-        meta["namespace"],
-        meta["name"],
-        meta.get("uid", ""),
-        controller=("JobSet", meta["labels"].get(labels.JOBSET_NAME, "")),
-        **kwargs,
-    )
 
 
 def events_with(world, reason, namespace="team-a"):

@@ -7,7 +7,7 @@ import pytest
 
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
-from tests.functions.test_provision import pending_event, submit
+from tests.functions.deliveries import pending_event, submit
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ from shared.provisioning.releaser import Releaser
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
-from tests.unit.provisioning.test_release_paths import (
+from tests.unit.provisioning.releases import (
     CLUSTER,
     SETTINGS,
     ago,

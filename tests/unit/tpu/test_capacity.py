@@ -11,7 +11,7 @@ from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption, Demand
 from shared.tpu.nodepools import NodePoolInfo, Reservation
 from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
-from tests.unit.tpu.test_slices import pod_of
+from tests.unit.tpu.pods import pod_of
 
 A, B = "us-east5-a", "us-east5-b"
 SETTINGS = Settings(project_id="p", location="us-east5", cluster_name="c", node_locations=(B, A))

@@ -12,8 +12,8 @@ from shared.core.settings import Settings
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
 from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
+from tests.unit.tpu.pods import UID, pod_of
 
-UID = "0b9a1c3e-1111-4222-8333-444455556666"
 SETTINGS = Settings(
     project_id="p",
     location="us-east5-b",
@@ -23,11 +23,6 @@ SETTINGS = Settings(
     max_pods_per_node=32,
     tpu7x_workload_policy="tpu7x-{topology}",
 )
-
-
-def pod_of(**kwargs):
-    jobset = tpu_jobset("train", "team-a", uid=UID, **kwargs)
-    return expand_pods(jobset)[0]
 
 
 def owner(index=0, rjob="slice"):
