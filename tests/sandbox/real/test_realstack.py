@@ -242,6 +242,37 @@ def test_lost_pending_events_are_recovered_by_reconcile(stack: RealStack, outcom
     assert stack.summary().pods_killed == 0
 
 
+def test_a_spot_stockout_falls_back_to_on_demand(stack: RealStack, outcome: demo.Outcome) -> None:
+    """Ported from tests/sandbox/test_capacity_flow.py. The stockout is the GKE emulator's, as
+    there; what changed is where the user reads the outcome: the real API server's Events on the
+    JobSet (``kubectl describe jobset``), written by provision with its own RBAC role."""
+    zone = stack.config.location
+    name = "fallback"
+    stack.gke.set_capacity(zone, "spot", 0)  # no Spot TPUs in the slice's zone
+    try:
+        jobset = demo.queued_jobset(name, 1, run_seconds=3)
+        jobset["metadata"]["labels"] = {}
+        jobset["metadata"]["annotations"][labels.CAPACITY_POLICY] = "spot, on-demand"
+        stack.submit(jobset)
+        stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+    finally:
+        stack.gke.set_capacity(zone, "spot", None)
+    api = stack.kube_cluster.client()
+    failed = [
+        str(e.get("message"))
+        for e in api.list(
+            "/api/v1/namespaces/default/events",
+            field_selector=f"involvedObject.kind=JobSet,involvedObject.name={name},reason={labels.REASON_FAILED}",
+        )
+    ]
+    assert failed and all(f"falling back to on-demand@{zone} now" in m for m in failed), failed
+    assert any("ZONE_RESOURCE_POOL_EXHAUSTED" in m for m in failed), failed
+    # GKE accepted two creates of the slice's pool: the Spot one that stocked out, then on-demand.
+    assert len(_creates(stack, name)) == 2
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pool to be released")
+    assert stack.summary().pods_killed == 0
+
+
 def test_pods_on_nodes_that_vanish_under_them_count_as_killed(
     stack: RealStack, outcome: demo.Outcome
 ) -> None:
