@@ -60,6 +60,10 @@ CORDONED = f"{PRODUCT_DOMAIN}/cordoned"
 # GKE could not provision (stockout, quota). The stockout backoff is derived from it; it lives and
 # dies with the JobSet and shows in `kubectl describe jobset` (shared.provisioning.backoff).
 SLICE_FAILURES = f"{PRODUCT_DOMAIN}/slice-failures"
+# JobSet annotation: "<state>@<unix seconds>" while the product's Kueue admission check provisions its
+# Workload's slices (state Pending or Ready), refreshed at each look. A suspended JobSet's pools are
+# its own and kept while it is fresh (shared.provisioning.verdicts), whatever SUSPEND_GRACE_SECONDS says.
+ADMISSION_CHECK = f"{PRODUCT_DOMAIN}/admission-check"
 # JobSet annotation: the capacity policy of its slices (shared.tpu.capacity), overriding CAPACITY_POLICY.
 CAPACITY_POLICY = f"{PRODUCT_DOMAIN}/capacity-policy"
 # A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.

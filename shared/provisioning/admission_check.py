@@ -22,7 +22,7 @@ from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import NotFoundError, Refused
+from shared.core.errors import ConflictError, NotFoundError, Refused
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.admission import CheckVerdict, decide
@@ -180,7 +180,10 @@ class AdmissionChecker:
         except Refused as exc:
             return decide([], exc.why), ()
         if refusal:
+            self._mark(jobset, "")
             return decide([], refusal), ()
+        # Before any pool exists: release must not take a suspended JobSet's fresh pools for unused.
+        jobset = self._mark(jobset, PENDING)
         pools = {p.name: p for p in self.gke.list_node_pools(self.settings.cluster_path)}
         states = self.pools.states(jobset, slices, pools)
         verdict = decide(states)
@@ -193,8 +196,43 @@ class AdmissionChecker:
         if verdict.state == PENDING and verdict.create:
             created, verdict = self.pools.create(jobset, slices, verdict, list(pools.values()))
         if verdict.state == READY:
+            self._mark(jobset, READY)
             return _with_updates(verdict, self._pod_set_updates(slices)), created
+        if verdict.state == RETRY:
+            self._mark(jobset, RETRY, int(self.backoff.clock()) + int(verdict.requeue_after or 0))
+        elif verdict.state == REJECTED:
+            self._mark(jobset, "")
         return verdict, created
+
+    def _mark(self, jobset: dict[str, Any], state: str, at: int | None = None) -> dict[str, Any]:
+        """Record the check's state on the JobSet (``labels.ADMISSION_CHECK``, read by release's
+        verdicts); "" removes it. Best effort: a lost write costs nothing until the next look."""
+        meta = jobset.get("metadata") or {}
+        current = str((meta.get("annotations") or {}).get(labels.ADMISSION_CHECK, ""))
+        now = int(self.backoff.clock())
+        stamp = now if at is None else at
+        if not state:
+            if not current:
+                return jobset
+            value: str | None = None
+        else:
+            known, _, when = current.partition("@")
+            fresh = when.isdigit() and now - int(when) < self.settings.suspend_grace_seconds // 3
+            if known == state and (fresh or state == RETRY):
+                return jobset
+            value = f"{state}@{stamp}"
+        why = f"admission check of its Workload: {state or 'done'}"
+        try:
+            return self.kube.annotate_jobset(
+                str(meta.get("namespace") or ""),
+                str(meta.get("name") or ""),
+                {labels.ADMISSION_CHECK: value},
+                str(meta.get("resourceVersion") or ""),
+                why,
+            )
+        except (ConflictError, NotFoundError) as exc:
+            logs.decision(log, "admission.unmarked", f"could not record {why}: {exc.why}", logging.WARNING)
+            return jobset
 
     def _flavor_labels(self, workload: WorkloadView) -> dict[str, dict[str, str]]:
         """Per pod set, the node labels of the flavor its TPU chips were assigned (Kueue writes them

@@ -53,6 +53,9 @@ def judge(
             )
         return Verdict(True, f"JobSet {owner} completed")
     if (jobset.get("spec") or {}).get("suspend"):
+        checking = admission_check(jobset, settings, now)
+        if checking:
+            return Verdict(False, f"JobSet {owner} is suspended: {checking}")
         suspended = condition(jobset, "Suspended")
         waited = _since(str(suspended.get("lastTransitionTime", "")), now) if suspended else 0.0
         if suspended and waited >= settings.suspend_grace_seconds:
@@ -63,6 +66,26 @@ def judge(
             False, f"JobSet {owner} is suspended, within the {settings.suspend_grace_seconds}s grace"
         )
     return Verdict(False, f"JobSet {owner} is still running")
+
+
+def admission_check(jobset: dict[str, Any], settings: Settings, now: datetime.datetime) -> str:
+    """Why a suspended JobSet's pools are needed for its Kueue admission check ("" if they are not):
+    the check provisions them before Kueue admits it, for longer than SUSPEND_GRACE_SECONDS when GKE
+    creates them in waves. Only a fresh record counts (the check refreshes it at every look), so a
+    Workload the check no longer looks at (deactivated, deleted) gets the usual grace from then."""
+    annotations = (jobset.get("metadata") or {}).get("annotations") or {}
+    state, _, stamp = str(annotations.get(labels.ADMISSION_CHECK, "")).partition("@")
+    if not stamp.isdigit():
+        return ""
+    if state == "Retry":
+        # The slices that landed wait for the requeued Workload: until Kueue may bring it back (the
+        # stamp), plus the IDLE_POOL_SECONDS an idle slice may be kept for a queued JobSet.
+        left = int(stamp) + settings.idle_pool_seconds - now.timestamp()
+        return f"kept {left:.0f}s more for its Workload's retry after a stockout" if left > 0 else ""
+    age = now.timestamp() - int(stamp)
+    if state not in ("Pending", "Ready") or age >= settings.suspend_grace_seconds:
+        return ""
+    return f"its Workload's admission check is {state} ({age:.0f}s ago): its slices are being provisioned"
 
 
 def idle_seconds(

@@ -7,14 +7,24 @@ import dataclasses
 import datetime
 import time
 
+import pytest
+
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.provisioning.admission_check import AdmissionChecker
+from shared.provisioning.verdicts import judge
 from shared.tpu.jobsets import expand_pods
-from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
-from tests.unit.provisioning.test_admission_check import CHECK, CLUSTER, SETTINGS, setup, state_of
+from tests.unit.provisioning.test_admission_check import (
+    CHECK,
+    CLUSTER,
+    SETTINGS,
+    finish_pools,
+    setup,
+    state_of,
+)
 
 
 def ago(seconds: float) -> str:
@@ -101,3 +111,61 @@ def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
     assert checker.sweep()[0].state == "Ready"
     assert state_of(kube, wl)["message"] == "pools ready 2/2"
     assert gke.count("create") == 2 and gke.count("delete") == 0
+
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "kept"),
+    [
+        ("", False),
+        ("Pending@" + str(int(NOW.timestamp()) - 30), True),
+        ("Ready@" + str(int(NOW.timestamp()) - 30), True),
+        # Not refreshed for a whole SUSPEND_GRACE_SECONDS: nobody provisions it any more.
+        ("Pending@" + str(int(NOW.timestamp()) - 600), False),
+        # After a Retry: kept until Kueue may requeue it, plus IDLE_POOL_SECONDS.
+        ("Retry@" + str(int(NOW.timestamp()) + 200), True),
+        ("Retry@" + str(int(NOW.timestamp()) - 119), True),
+        ("Retry@" + str(int(NOW.timestamp()) - 121), False),
+        ("Rejected@" + str(int(NOW.timestamp())), False),
+        ("garbage", False),
+    ],
+)
+def test_a_suspended_jobsets_pools_are_kept_while_its_check_provisions_them(
+    annotation: str, kept: bool
+) -> None:
+    settings = SETTINGS.with_overrides(suspend_grace_seconds=600, idle_pool_seconds=120)
+    jobset = tpu_jobset("train", "team-a", replicas=1, uid="js-uid")
+    jobset["spec"]["suspend"] = True
+    # Suspended since it was created, long ago: without the check its pools would go.
+    jobset["status"] = {
+        "conditions": [{"type": "Suspended", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    }
+    if annotation:
+        jobset["metadata"]["annotations"][labels.ADMISSION_CHECK] = annotation
+    pool = NodePoolInfo(
+        name="p",
+        status=STATUS_RUNNING,
+        machine_type="ct6e-standard-4t",
+        node_count=4,
+        labels={labels.OWNER_NAMESPACE: "team-a", labels.OWNER_NAME: "train", labels.OWNER_UID: "js-uid"},
+    )
+    verdict = judge(pool, jobset, settings, NOW)
+    assert verdict.delete is (not kept), verdict.why
+
+
+def test_the_check_records_its_state_on_the_jobset(gke: FakeGke, kube: FakeKube) -> None:
+    _, wl = setup(kube, replicas=1)
+    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker.handle("team-a", wl["metadata"]["name"])
+    stored = kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK]
+    assert stored.startswith("Pending@")
+    writes = len(kube.annotations)
+    checker.sweep()  # fresh: not written again
+    assert len(kube.annotations) == writes
+    finish_pools(gke, kube)
+    checker.sweep()
+    assert kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK].startswith(
+        "Ready@"
+    )
