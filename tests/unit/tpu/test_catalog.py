@@ -218,11 +218,6 @@ def test_resolve_rejects_a_chip_request_that_is_not_an_integer(chips: object) ->
         resolve(V6E, "2x4", chips)  # type: ignore[arg-type]
 
 
-def test_unsupported_shape_is_a_value_error() -> None:
-    # Callers that only know ValueError (e.g. label parsing) still treat it as bad input.
-    assert issubclass(UnsupportedShape, ValueError)
-
-
 def _every_resolvable_shape() -> list[SliceShape]:
     shapes = []
     requests = [*range(1, 17), 32, 64]
