@@ -273,6 +273,45 @@ def test_a_spot_stockout_falls_back_to_on_demand(stack: RealStack, outcome: demo
     assert stack.summary().pods_killed == 0
 
 
+def test_a_jobset_recreated_under_the_same_name_never_loses_a_pod(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_occupancy_flow.py. There the stand-in API assigned the uid and
+    the simulated garbage collector removed the old pods; here the real API server and its garbage
+    collector do, while the new incarnation's pods may already wait for the old pools."""
+    name = "reborn"
+    api = stack.kube_cluster.client()
+    selector = f"{labels.JOBSET_NAME}={name}"
+
+    def pods() -> list[dict[str, Any]]:
+        return api.list("/api/v1/namespaces/default/pods", label_selector=selector)
+
+    first = demo.queued_jobset(name, 2, run_seconds=600)
+    first["metadata"]["labels"] = {}
+    old_uid = stack.submit(first)["metadata"]["uid"]
+    stack.wait_for(
+        lambda: len([p for p in pods() if (p.get("status") or {}).get("phase") == "Running"]) == 4,
+        120,
+        "the first incarnation to run",
+    )
+    old_pools = {str(p["name"]) for p in _owned(stack, name)}
+    assert len(old_pools) == 2
+    assert stack.delete_jobset("default", name)
+    stack.wait_for(lambda: stack.jobset("default", name) is None, 30, "the JobSet to be gone")
+    second = demo.queued_jobset(name, 2, run_seconds=4)
+    second["metadata"]["labels"] = {}
+    new_uid = stack.submit(second)["metadata"]["uid"]
+    assert new_uid != old_uid
+    stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, "the second to complete")
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pools to be released")
+    stack.wait_for(
+        lambda: not {str(p["name"]) for p in stack.managed_pools()} & old_pools, 120, "the old pools to go"
+    )
+    assert {p["metadata"]["labels"][labels.JOBSET_UID] for p in pods()} == {new_uid}
+    assert (stack.jobset("default", name) or {})["status"].get("restarts", 0) == 0
+    assert stack.summary().pods_killed == 0
+
+
 def test_pods_on_nodes_that_vanish_under_them_count_as_killed(
     stack: RealStack, outcome: demo.Outcome
 ) -> None:
