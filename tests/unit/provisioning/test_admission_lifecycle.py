@@ -169,3 +169,11 @@ def test_the_check_records_its_state_on_the_jobset(gke: FakeGke, kube: FakeKube)
     assert kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK].startswith(
         "Ready@"
     )
+
+
+def test_a_lost_quota_reserved_event_is_made_up_for_by_the_sweep(gke: FakeGke, kube: FakeKube) -> None:
+    _, wl = setup(kube, replicas=3)
+    # No QuotaReserved delivery ever came: reconcile's sweep alone requests every slice.
+    [result] = AdmissionChecker(SETTINGS, gke, kube).sweep()
+    assert result.state == "Pending" and len(result.created) == 3
+    assert state_of(kube, wl)["message"] == "pools ready 0/3"
