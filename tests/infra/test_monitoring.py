@@ -649,7 +649,8 @@ MATCHES: list[tuple[str, Line, dict[str, str]]] = [
         Line(
             "provision",
             "admission.retry",
-            "Workload team-a/jobset-train-x: pools ready 3/4; could not provision p (GCE_STOCKOUT); retry in 300s",
+            "Workload team-a/jobset-train-x: pools ready 3/4; could not provision p (GCE_STOCKOUT); "
+            "retry in 300s",
             {"workload": "team-a/jobset-train-x", "check": "tpu-slices", "requeue_after": 300},
             logging.WARNING,
         ),
