@@ -26,7 +26,7 @@ from sandbox.stack.summary import StackSummary
 from sandbox.stack.timeline import TimelineEntry
 from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from shared.core import labels
-from shared.kueue.config import DEFAULT_CONFIG, load_config
+from shared.kueue.config import DEFAULT_CONFIG, parse_config
 from shared.kueue.render import render
 
 NAMESPACE = "default"
@@ -65,16 +65,21 @@ def queued_jobset(name: str, slices: int, run_seconds: float) -> dict[str, Any]:
     return jobset
 
 
-def apply_default_queues(stack: RealStack, timeout: float) -> None:
-    """Publish the packaged default configuration to apply_kueue's topic and wait for the queues."""
+def apply_queues(stack: RealStack, text: str, timeout: float) -> None:
+    """Publish a queue configuration to apply_kueue's topic and wait until its ClusterQueues exist."""
     topic = stack.publisher.topic_path(stack.config.project, wiring("apply_kueue").topic(TOPIC_PREFIX))
-    stack.publisher.publish(topic, DEFAULT_CONFIG.read_bytes()).result(timeout=30)
-    stack.timeline.add("user", "published the default Kueue configuration to apply_kueue's topic")
+    stack.publisher.publish(topic, text.encode()).result(timeout=30)
+    stack.timeline.add("user", "published a Kueue configuration to apply_kueue's topic")
     api = stack.kube_cluster.client()
-    queues = [str(o["metadata"]["name"]) for o in render(load_config()) if o["kind"] == "ClusterQueue"]
+    queues = [str(o["metadata"]["name"]) for o in render(parse_config(text)) if o["kind"] == "ClusterQueue"]
     stack.wait_for(
         lambda: all(api.get(f"{KUEUE_API}/clusterqueues/{q}") for q in queues), timeout, "the Kueue queues"
     )
+
+
+def apply_default_queues(stack: RealStack, timeout: float) -> None:
+    """The packaged default configuration, as the tutorial's flow applies it."""
+    apply_queues(stack, DEFAULT_CONFIG.read_text(), timeout)
 
 
 def run(stack: RealStack, run_seconds: float = 5.0, timeout: float = 600.0) -> Outcome:

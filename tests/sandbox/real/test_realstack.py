@@ -8,6 +8,7 @@ Events, exported through the ``sinks/`` filters. Then scenarios ported from the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,8 +24,12 @@ from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+# A preempted JobSet's pools are up for release a second after Kueue suspends it (infra: minutes).
+SUSPEND_GRACE = 1
 CONFIG = StackConfig(
     functions=ALL_FUNCTIONS,
+    function_env={"SUSPEND_GRACE_SECONDS": str(SUSPEND_GRACE)},
     gke_op_delay=1.0,
     # Redelivery within seconds, as the stand-in scenarios' FAST config does.
     retry=RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4),
@@ -309,6 +314,72 @@ def test_a_jobset_recreated_under_the_same_name_never_loses_a_pod(
     )
     assert {p["metadata"]["labels"][labels.JOBSET_UID] for p in pods()} == {new_uid}
     assert (stack.jobset("default", name) or {})["status"].get("restarts", 0) == 0
+    assert stack.summary().pods_killed == 0
+
+
+PREEMPT_QUEUES = f"""
+flavors:
+  - {{name: v5e-2x4, accelerator: {demo.ACCELERATOR}, topology: 2x4}}
+clusterQueues:
+  - name: preempt-cq
+    preemption: {{withinClusterQueue: LowerPriority}}
+    quota: {{v5e-2x4: 16}}
+localQueues:
+  - {{name: preempt, namespace: default, clusterQueue: preempt-cq}}
+priorityClasses:
+  - {{name: low, value: 100, kind: WorkloadPriorityClass}}
+  - {{name: high, value: 1000, kind: WorkloadPriorityClass}}
+"""
+
+
+def test_a_same_shape_preemptor_adopts_the_victims_pools(stack: RealStack, outcome: demo.Outcome) -> None:
+    """Ported from tests/sandbox/test_occupancy_flow.py. The simulated Kueue's preemption is now the
+    real Kueue's (withinClusterQueue: LowerPriority): it evicts the victim, the real JobSet
+    controller suspends it and removes its pods, the preemptor's pods land on the victim's pools."""
+    demo.apply_queues(stack, PREEMPT_QUEUES, 60)
+    api = stack.kube_cluster.client()
+
+    def v5e(name: str, run_seconds: float, priority: str) -> dict[str, Any]:
+        jobset = demo.queued_jobset(name, 2, run_seconds=run_seconds)
+        jobset["metadata"]["labels"] = {demo.QUEUE_NAME_LABEL: "preempt", PRIORITY_CLASS: priority}
+        return jobset
+
+    def running(name: str) -> list[dict[str, Any]]:
+        pods = api.list("/api/v1/namespaces/default/pods", label_selector=f"{labels.JOBSET_NAME}={name}")
+        up = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        return up if len(up) == 4 else []
+
+    def pools_of(pods: list[dict[str, Any]]) -> set[str]:
+        return {
+            str(
+                (api.get(f"/api/v1/nodes/{p['spec']['nodeName']}") or {})["metadata"]["labels"][
+                    labels.NODEPOOL
+                ]
+            )
+            for p in pods
+        }
+
+    stack.submit(v5e("victim", 600, "low"))
+    victim_pools = pools_of(stack.wait_for(lambda: running("victim"), 120, "the victim to run"))
+    assert len(victim_pools) == 2
+    stack.submit(v5e("preemptor", 20, "high"))
+    stack.wait_for(lambda: stack.jobset_state("default", "victim") == "Suspended", 60, "the preemption")
+    landed = stack.wait_for(lambda: running("preemptor"), 120, "the preemptor to run")
+    assert pools_of(landed) == victim_pools  # straight onto the victim's pools
+    time.sleep(SUSPEND_GRACE + 0.5)  # the victim is now suspended past its grace
+    stack.trigger_reconcile()
+    stack.wait_for(
+        lambda: {str(p["name"]) for p in _owned(stack, "preemptor")} == victim_pools,
+        60,
+        "the preemptor to adopt both pools",
+    )
+    assert stack.jobset_state("default", "preemptor") == "Running"
+    stack.wait_for(lambda: stack.jobset_state("default", "preemptor") == "Completed", 120, "the preemptor")
+    assert (stack.jobset("default", "preemptor") or {})["status"].get("restarts", 0) == 0
+    assert _creates(stack, "preemptor") == []  # it never needed a pool of its own
+    assert stack.delete_jobset("default", "victim")  # readmitted now; its 600 s are not waited for
+    for name in ("victim", "preemptor"):
+        stack.wait_for(lambda n=name: not _owned(stack, n), 120, f"{name}'s pools to be released")  # type: ignore[misc]
     assert stack.summary().pods_killed == 0
 
 
