@@ -14,6 +14,7 @@ from shared.tpu.nodepools import ClusterInfo
 from tpuprov.doctor.views import (
     PUBLISHER_ROLE,
     AddonView,
+    AdmissionCheckView,
     Expected,
     ReachView,
     RoleView,
@@ -207,6 +208,32 @@ def check_addon(view: AddonView, pinned: str) -> Check:
             f"-n {view.deployment.replace('/', ' ')}",
         )
     return Check(name, True, f"{pinned} (pinned), {view.deployment} Available")
+
+
+def check_admission_check(view: AdmissionCheckView) -> Check:
+    """The product's Kueue admission check: unused, or Active for the ClusterQueues that use it."""
+    name = "admission check"
+    queues = ", ".join(view.queues)
+    if not view.exists and not view.queues:
+        return Check(
+            name, True, f"{view.name} not used: queued JobSets get their slices by the pending-pod path"
+        )
+    if not view.exists:
+        return Check(
+            name,
+            False,
+            f"ClusterQueue(s) {queues} name AdmissionCheck {view.name}, which does not exist, so Kueue "
+            "admits nothing there: apply a queue configuration with tpuSlicesCheck (tpuprov publish kueue)",
+        )
+    if not view.active:
+        return Check(
+            name,
+            False,
+            f"{view.name} is not Active ({view.message}), so Kueue keeps ClusterQueue(s) {queues or '-'} "
+            "inactive: the reconcile function keeps it Active; check that it runs (Cloud Scheduler) and can "
+            "reach the cluster, or remove tpuSlicesCheck from the queue configuration",
+        )
+    return Check(name, True, f"{view.name} Active for ClusterQueue(s) {queues or '-'}")
 
 
 def check_release_channel(cluster: ClusterInfo) -> Check:

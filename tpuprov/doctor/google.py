@@ -25,10 +25,18 @@ from shared.core.settings import DEFAULT_SCOPES, Settings
 from shared.setup.manifests import Component
 from shared.tpu.nodepools import ClusterInfo
 from tpuprov.cluster import ClusterView
-from tpuprov.doctor.readers import addon_view, publishers_in, read_subscriptions, read_topics, short
+from tpuprov.doctor.readers import (
+    addon_view,
+    admission_check_view,
+    publishers_in,
+    read_subscriptions,
+    read_topics,
+    short,
+)
 from tpuprov.doctor.views import (
     SETUP_ROLE,
     AddonView,
+    AdmissionCheckView,
     Expected,
     ReachView,
     RoleView,
@@ -234,3 +242,6 @@ class GoogleDeployment:
 
     def addon(self, component: Component) -> AddonView:
         return addon_view(ClusterView(self.settings).objects, component)
+
+    def admission_check(self, name: str) -> AdmissionCheckView:
+        return admission_check_view(ClusterView(self.settings).objects, name)

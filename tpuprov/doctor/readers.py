@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.core.errors import NotFoundError, TransientError
 from shared.setup.manifests import Component, deployed_version
-from tpuprov.doctor.views import AddonView, SubscriptionView
+from tpuprov.doctor.views import AddonView, AdmissionCheckView, SubscriptionView
 
 
 def short(path: str, collection: str) -> str:
@@ -83,4 +83,39 @@ def _available(deployment: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") == "Available" and str(c.get("status")) == "True"
         for c in status.get("conditions") or []
+    )
+
+
+def admission_check_view(objects: Any, name: str) -> AdmissionCheckView:
+    """The AdmissionCheck ``name`` and the ClusterQueues naming it, read through an ``ObjectAPI``
+    (a cluster without Kueue's CRDs answers 404 for both: nothing uses the check)."""
+    api = "kueue.x-k8s.io/v1beta2"
+    try:
+        queues = objects.list_objects(api, "ClusterQueue")
+    except NotFoundError:
+        queues = []
+    using = tuple(
+        sorted(
+            str((q.get("metadata") or {}).get("name", ""))
+            for q in queues
+            if any(
+                c.get("name") == name
+                for c in (
+                    ((q.get("spec") or {}).get("admissionChecksStrategy") or {}).get("admissionChecks") or []
+                )
+            )
+        )
+    )
+    try:
+        check = objects.get(api, "AdmissionCheck", name)
+    except NotFoundError:
+        return AdmissionCheckView(name, exists=False, active=False, message="", queues=using)
+    conditions = (check.get("status") or {}).get("conditions") or []
+    active: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Active"), {})
+    return AdmissionCheckView(
+        name,
+        exists=True,
+        active=active.get("status") == "True",
+        message=str(active.get("message") or "no Active condition"),
+        queues=using,
     )

@@ -16,6 +16,7 @@ from tpuprov import output
 from tpuprov.doctor.checks import (
     Check,
     check_addon,
+    check_admission_check,
     check_apis,
     check_reach,
     check_release_channel,
@@ -64,6 +65,10 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings) -> 
     checks += _section("cluster reachable", lambda: [check_reach(deployment.reach(REACH_AS))])
     checks += _section("jobset", lambda: [check_addon(deployment.addon(JOBSET), settings.jobset_version)])
     checks += _section("kueue", lambda: [check_addon(deployment.addon(KUEUE), settings.kueue_version)])
+    checks += _section(
+        "admission check",
+        lambda: [check_admission_check(deployment.admission_check(settings.admission_check_name))],
+    )
     checks += _section("release channel", lambda: [check_release_channel(deployment.cluster())])
     return checks
 

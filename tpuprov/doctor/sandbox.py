@@ -21,10 +21,11 @@ from shared.core.settings import Settings
 from shared.setup.manifests import Component
 from shared.tpu.nodepools import ClusterInfo
 from tpuprov.cluster import ClusterView
-from tpuprov.doctor.readers import addon_view, read_subscriptions, read_topics
+from tpuprov.doctor.readers import addon_view, admission_check_view, read_subscriptions, read_topics
 from tpuprov.doctor.views import (
     SETUP_ROLE,
     AddonView,
+    AdmissionCheckView,
     Expected,
     ReachView,
     RoleView,
@@ -116,6 +117,9 @@ class StackDeployment:
 
     def addon(self, component: Component) -> AddonView:
         return addon_view(ClusterView(self.settings).objects, component)
+
+    def admission_check(self, name: str) -> AdmissionCheckView:
+        return admission_check_view(ClusterView(self.settings).objects, name)
 
 
 def install_addons(stack: Stack, timeout: float = 120.0) -> None:

@@ -128,6 +128,17 @@ class AddonView:
     available: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class AdmissionCheckView:
+    """The product's Kueue AdmissionCheck and the ClusterQueues that name it."""
+
+    name: str
+    exists: bool
+    active: bool
+    message: str  # its Active condition's message (or why it is not Active)
+    queues: tuple[str, ...]  # ClusterQueues whose admissionChecksStrategy names it
+
+
 class Deployment(Protocol):
     """What doctor reads about a deployment. Every method may raise ``TpuProvError`` with the reason."""
 
@@ -169,4 +180,8 @@ class Deployment(Protocol):
 
     def addon(self, component: Component) -> AddonView:
         """The add-on's controller Deployment."""
+        ...
+
+    def admission_check(self, name: str) -> AdmissionCheckView:
+        """The product's AdmissionCheck ``name`` and the ClusterQueues using it."""
         ...
