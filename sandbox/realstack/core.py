@@ -38,6 +38,7 @@ from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.logging.router import LogRouter
 from sandbox.kube import netns, nodes
 from sandbox.kube.cluster import RealCluster
+from sandbox.polling import eventually
 from sandbox.realstack.kubestate import RealKubeState, collection
 from sandbox.realstack.pods import PodFates
 from sandbox.realstack.releases import ReleaseWiring
@@ -305,17 +306,11 @@ class RealStack:
         self, predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.3
     ) -> T:
         """Poll ``predicate`` until truthy; TimeoutError with the timeline's tail."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                tail = "\n".join(e.render() for e in self.timeline.entries()[-40:])
-                raise TimeoutError(
-                    f"timed out after {timeout:.0f}s waiting for {what or predicate!r}:\n{tail}"
-                )
-            time.sleep(interval)
+
+        def tail() -> str:
+            return "\n".join(e.render() for e in self.timeline.entries()[-40:])
+
+        return eventually(predicate, timeout, what, interval, explain=tail)
 
     def trigger_reconcile(self) -> str:
         """Publish a Cloud Scheduler tick to the reconcile topic (the payload infra sends)."""

@@ -10,12 +10,12 @@ real scheduler binds the pods to the pool's KWOK nodes and the JobSet completes.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
+from sandbox import polling
 from sandbox.kube import addons
 from sandbox.kube.cluster import RealCluster
 from sandbox.kube.kwok import RUN_SECONDS
@@ -42,15 +42,12 @@ def cluster() -> Iterator[RealCluster]:
 
 
 def eventually(probe: Callable[[], T | None], timeout: float, what: str, cluster: RealCluster) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {c}\n{cluster.logs(c, 20)}" for c in ("jobset", "kueue", "kube-scheduler"))
-            pytest.fail(f"{what} not within {timeout:.0f}s\n{logs}")
-        time.sleep(0.3)
+    """``sandbox.polling.eventually`` that shows the add-on controllers' and the scheduler's logs."""
+
+    def logs() -> str:
+        return "\n".join(f"--- {c}\n{cluster.logs(c, 20)}" for c in ("jobset", "kueue", "kube-scheduler"))
+
+    return polling.eventually(probe, timeout, what, 0.3, explain=logs)  # type: ignore[return-value]
 
 
 def multislice_jobset(name: str) -> dict[str, Any]:

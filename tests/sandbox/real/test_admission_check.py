@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from sandbox import polling
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.kube import addons
@@ -145,15 +146,12 @@ class Rig:
         self.checker = AdmissionChecker(settings, GkeNodePoolAPI(endpoint=gke.url), self.kube)
 
     def eventually(self, probe: Callable[[], T | None], timeout: float, what: str) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {c}\n{self.cluster.logs(c, 25)}" for c in ("kueue", "jobset"))
-                pytest.fail(f"{what} not within {timeout:.0f}s\n{tails}")
-            time.sleep(0.3)
+        """``sandbox.polling.eventually`` that shows Kueue's and JobSet's logs when it times out."""
+
+        def tails() -> str:
+            return "\n".join(f"--- {c}\n{self.cluster.logs(c, 25)}" for c in ("kueue", "jobset"))
+
+        return polling.eventually(probe, timeout, what, 0.3, explain=tails)  # type: ignore[return-value]
 
     def workload_of(self, name: str) -> dict[str, Any]:
         def find() -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from sandbox import polling
 from sandbox.kube import rbac
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
@@ -29,16 +30,12 @@ PODS = f"/api/v1/namespaces/{NS}/pods"
 
 
 def eventually(probe: Callable[[], T | None], timeout: float, what: str, cluster: RealCluster) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with the components' logs otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {c}\n{cluster.logs(c, 15)}" for c in ("kube-scheduler", "kwok"))
-            pytest.fail(f"{what} not within {timeout:.0f}s\n{logs}")
-        time.sleep(0.2)
+    """``sandbox.polling.eventually`` that shows the scheduler's and KWOK's logs when it times out."""
+
+    def logs() -> str:
+        return "\n".join(f"--- {c}\n{cluster.logs(c, 15)}" for c in ("kube-scheduler", "kwok"))
+
+    return polling.eventually(probe, timeout, what, 0.2, explain=logs)  # type: ignore[return-value]
 
 
 def v6e_pool(name: str, nodes: int = 2) -> PoolNodes:
