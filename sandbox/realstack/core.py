@@ -312,6 +312,23 @@ class RealStack:
 
         return eventually(predicate, timeout, what, interval, explain=tail)
 
+    def env(self) -> dict[str, str]:
+        """What a shell exports to use this stack (kubectl, tpuprov status/why, tpuprov publish); the
+        shell must enter ``enter_command()``'s network namespace to reach any of it."""
+        return {
+            "PUBSUB_EMULATOR_HOST": self.pubsub.host,
+            "PUBSUB_PROJECT_ID": self.config.project,
+            "KUBECONFIG": str(self.kube_cluster.kubeconfig),
+            **self._function_env(),
+            "EMULATOR_ACCESS_TOKEN": self.iam.token_for(OPERATOR),
+            "SANDBOX_LOG_DIR": str(self.workdir),
+        }
+
+    @staticmethod
+    def enter_command() -> str:
+        """The prefix that runs a command in this process's loopback-only network namespace."""
+        return f"nsenter --net=/proc/{os.getpid()}/ns/net"
+
     def trigger_reconcile(self) -> str:
         """Publish a Cloud Scheduler tick to the reconcile topic (the payload infra sends)."""
         topic = self.publisher.topic_path(self.config.project, wiring("reconcile").topic(TOPIC_PREFIX))

@@ -58,6 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up = commands.add_parser("up", help="start the sandbox and keep it running until Ctrl-C")
     up.add_argument("--quiet", action="store_true", help="do not print the live timeline")
     up.add_argument("--gke-op-delay", type=float, default=2.0, help="seconds a node-pool operation takes")
+    up.add_argument(
+        "--real",
+        action="store_true",
+        help="the real kube-apiserver, scheduler, controller manager, JobSet and Kueue (KWOK nodes), "
+        "in a loopback-only network namespace the printed commands enter",
+    )
     up.set_defaults(func=run)
     _demo_arguments(commands.add_parser("demo", help="same as `tpuprov demo`"))
     doctor = commands.add_parser(
@@ -74,6 +80,10 @@ def run(args: Any) -> int:
     from sandbox.stack.demo import DemoOptions, run_demo, run_up
 
     if args.sandbox_command == "up":
+        if args.real:
+            from sandbox.realstack.up import run_up as run_real_up
+
+            return run_real_up(gke_op_delay=args.gke_op_delay, quiet=args.quiet)
         # Every function, so that `tpuprov publish setup|kueue` work against it as well.
         from tpuprov.progress import Progress
 
