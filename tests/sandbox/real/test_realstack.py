@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.jobsets import tpu_jobset
 from sandbox.kube import nodes, rbac
 from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT
 from sandbox.realstack import demo
@@ -380,6 +381,33 @@ def test_a_same_shape_preemptor_adopts_the_victims_pools(stack: RealStack, outco
     assert stack.delete_jobset("default", "victim")  # readmitted now; its 600 s are not waited for
     for name in ("victim", "preemptor"):
         stack.wait_for(lambda n=name: not _owned(stack, n), 120, f"{name}'s pools to be released")  # type: ignore[misc]
+    assert stack.summary().pods_killed == 0
+
+
+def test_a_tpu7x_multislice_gets_the_products_workload_policy_once(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_flow.py. The policy is the Compute emulator's, as there; the
+    pool's Nodes now carry the topology its policy names (GKE has none on the pool) and the real
+    scheduler places the 2x2x2 pods only on such Nodes."""
+    name = "iron"
+    inserts = stack.compute.count("insert")
+    jobset = tpu_jobset(
+        name,
+        replicas=2,
+        accelerator="tpu7x",
+        topology="2x2x2",
+        run_seconds=3,
+        annotations={labels.EXCLUSIVE_TOPOLOGY: labels.NODEPOOL},
+    )
+    jobset["metadata"].pop("uid", None)
+    stack.submit(jobset)
+    stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pools to be released")
+    assert stack.compute.count("insert") == inserts + 1
+    region = stack.config.location.rsplit("-", 1)[0]
+    assert stack.compute.exists(stack.config.project, region, "tpuprov-tpu7x-2-2-2")
+    assert len(_creates(stack, name)) == 2
     assert stack.summary().pods_killed == 0
 
 
