@@ -411,6 +411,27 @@ def test_a_tpu7x_multislice_gets_the_products_workload_policy_once(
     assert stack.summary().pods_killed == 0
 
 
+def test_a_create_gke_refuses_once_is_redelivered_and_succeeds(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_faults.py: the fault is the GKE emulator's, as there; the
+    pending pod that triggers the retry is the real scheduler's."""
+    name = "flaky"
+    fired = stack.gke.faults_fired("error:create")
+    stack.gke.fail_next("create", 503, "The service is currently unavailable.")
+    jobset = demo.queued_jobset(name, 1, run_seconds=3)
+    jobset["metadata"]["labels"] = {}
+    stack.submit(jobset)
+    stack.wait_for(lambda: stack.jobset_state("default", name) == "Completed", 180, f"{name} to complete")
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pool to be released")
+    assert stack.gke.faults_fired("error:create") == fired + 1
+    deliveries = [d for d in stack.relay.deliveries if d.function == "provision"]
+    refused = {d.message_id for d in deliveries if d.status == 503}
+    assert refused and refused <= {d.message_id for d in deliveries if d.acked}
+    assert len(_creates(stack, name)) == 1
+    assert stack.summary().pods_killed == 0
+
+
 def test_pods_on_nodes_that_vanish_under_them_count_as_killed(
     stack: RealStack, outcome: demo.Outcome
 ) -> None:
