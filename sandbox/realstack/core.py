@@ -37,6 +37,7 @@ from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.logging.router import LogRouter
 from sandbox.kube import netns, nodes
+from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
 from sandbox.polling import eventually
 from sandbox.realstack.kubestate import RealKubeState, collection
@@ -135,6 +136,7 @@ class RealStack:
         self.gke.set_policy_lookup(self.compute.exists)
         self.gke.on_pool_ready(lambda cluster, pool: self._pool_ready(pool))
         self.gke.on_pool_deleted(lambda cluster, name: self._pool_deleted(name))
+        self.gke.on_pool_updated(lambda cluster, pool: self._pool_updated(pool))
         self.relay.start()
         env = self._function_env()
         identities = {
@@ -229,6 +231,18 @@ class RealStack:
         spec = nodes.pool_from_gke(pool, self.compute.topology_of)
         names = nodes.register_pool_nodes(self.kube_cluster.client(), self.config.cluster_name, spec)
         self.timeline.add("gke", f"pool {spec.pool} RUNNING: {len(names)} Node(s) registered")
+
+    def _pool_updated(self, pool: dict[str, Any]) -> None:
+        # GKE applies a pool's new node labels to its existing Nodes (UpdateNodePool).
+        spec = nodes.pool_from_gke(pool, self.compute.topology_of)
+        api = self.kube_cluster.client()
+        for manifest in nodes.node_manifests(self.config.cluster_name, spec):
+            patch = {"metadata": {"labels": manifest["metadata"]["labels"]}}
+            try:
+                api.patch(f"{nodes.NODES}/{manifest['metadata']['name']}", patch)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
 
     def _pool_deleted(self, name: str) -> None:
         with self._lock:

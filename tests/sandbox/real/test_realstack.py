@@ -193,7 +193,7 @@ def test_deleting_a_running_jobset_releases_its_pool_through_the_audit_log(
     assert stack.summary().pods_killed == 0
 
 
-def _owned(stack: RealStack, name: str) -> list[dict[str, object]]:
+def _owned(stack: RealStack, name: str) -> list[dict[str, Any]]:
     return [
         p
         for p in stack.managed_pools()
@@ -428,6 +428,55 @@ def test_a_create_gke_refuses_once_is_redelivered_and_succeeds(
     deliveries = [d for d in stack.relay.deliveries if d.function == "provision"]
     refused = {d.message_id for d in deliveries if d.status == 503}
     assert refused and refused <= {d.message_id for d in deliveries if d.acked}
+    assert len(_creates(stack, name)) == 1
+    assert stack.summary().pods_killed == 0
+
+
+def test_a_flex_start_slice_waits_for_capacity_without_failing(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_capacity_flow.py. The wait is the GKE emulator's capacity
+    model, as there; the pods that pend meanwhile are the real scheduler's, and the Nodes appear
+    when GKE grants the slice."""
+    zone = stack.config.location
+    name = "flex"
+    api = stack.kube_cluster.client()
+    stack.gke.set_capacity(zone, "flex-start", 0)  # none until the test says so
+    try:
+        jobset = demo.queued_jobset(name, 1, run_seconds=3)
+        jobset["metadata"]["labels"] = {}
+        template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        template["spec"]["nodeSelector"][labels.FLEX_START] = "true"
+        stack.submit(jobset)
+        pools = stack.wait_for(
+            lambda: [p for p in _owned(stack, name) if p.get("status") == "RUNNING"], 60, "a RUNNING pool"
+        )
+        pool = str(pools[0]["name"])
+        assert (pools[0].get("config") or {}).get("flexStart") is True
+        for _ in range(4):  # reconcile sweeps while GKE waits leave the pool alone
+            stack.trigger_reconcile()
+            time.sleep(0.5)
+            assert api.list(nodes.NODES, label_selector=f"{labels.NODEPOOL}={pool}") == []
+        phases = {
+            (p.get("status") or {}).get("phase")
+            for p in api.list(
+                "/api/v1/namespaces/default/pods", label_selector=f"{labels.JOBSET_NAME}={name}"
+            )
+        }
+        assert phases == {"Pending"}
+    finally:
+        stack.gke.set_capacity(zone, "flex-start", None)  # capacity arrives
+    deadline = time.monotonic() + 180
+    while stack.jobset_state("default", name) != "Completed":
+        assert time.monotonic() < deadline, f"{name} did not complete"
+        stack.trigger_reconcile()  # GKE looks at capacity when it is called
+        time.sleep(1.0)
+    stack.wait_for(lambda: not _owned(stack, name), 120, f"{name}'s pool to be released")
+    failed = api.list(
+        "/api/v1/namespaces/default/events",
+        field_selector=f"involvedObject.name={name},reason={labels.REASON_FAILED}",
+    )
+    assert failed == []
     assert len(_creates(stack, name)) == 1
     assert stack.summary().pods_killed == 0
 
