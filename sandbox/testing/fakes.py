@@ -25,6 +25,7 @@ from shared.core.errors import (
     RejectedError,
     TransientError,
 )
+from shared.tpu.drift import config_of
 from shared.tpu.nodepools import (
     STATUS_PROVISIONING,
     STATUS_RECONCILING,
@@ -166,6 +167,7 @@ class FakeGke:
                 spot=spec.spot,
                 reservation=spec.reservation.value if spec.reservation else "",
                 flex_start=spec.flex_start,
+                config=config_of(spec),
             )
             self.specs[spec.name] = spec
             self.billing[spec.name] = dict(spec.resource_labels)

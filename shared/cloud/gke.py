@@ -35,7 +35,7 @@ from shared.core.errors import (
     RejectedError,
     TransientError,
 )
-from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
+from shared.tpu.nodepools import ClusterInfo, NodeConfig, NodePoolInfo, NodePoolSpec, OperationInfo
 
 if TYPE_CHECKING:
     from google.cloud.container_v1 import ClusterManagerClient
@@ -142,6 +142,39 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
         spot=bool(pool.config.spot),
         reservation=next(iter(pool.config.reservation_affinity.values), ""),
         flex_start=bool(pool.config.flex_start),
+        config=_node_config(pool),
+    )
+
+
+def _node_config(pool: Any) -> NodeConfig:
+    # The settings-made fields, read back as GKE reports them, for config drift (shared.tpu.drift).
+    config = pool.config
+    upgrade = pool.upgrade_settings
+    has_upgrade = "upgrade_settings" in pool
+    return NodeConfig(
+        service_account=config.service_account,
+        oauth_scopes=tuple(config.oauth_scopes),
+        disk_size_gb=int(config.disk_size_gb),
+        disk_type=config.disk_type,
+        boot_disk_kms_key=config.boot_disk_kms_key,
+        confidential_storage=bool(config.enable_confidential_storage),
+        secondary_boot_disks=tuple(
+            (d.disk_image, "" if int(d.mode) == 0 else _enum_name(d.mode))
+            for d in config.secondary_boot_disks
+        ),
+        additional_networks=tuple(
+            (n.network, n.subnetwork) for n in pool.network_config.additional_node_network_configs
+        ),
+        secure_boot=bool(config.shielded_instance_config.enable_secure_boot),
+        integrity_monitoring=(
+            bool(config.shielded_instance_config.enable_integrity_monitoring)
+            if "shielded_instance_config" in config
+            else True
+        ),
+        max_pods_per_node=int(pool.max_pods_constraint.max_pods_per_node),
+        max_surge=int(upgrade.max_surge) if has_upgrade else -1,
+        max_unavailable=int(upgrade.max_unavailable) if has_upgrade else -1,
+        tags=tuple(config.tags),
     )
 
 

@@ -130,6 +130,10 @@ class Settings:
     # true: every slice gets on-demand VMs whatever capacity policy applies; pods that select Spot,
     # flex-start or a reservation are refused (they could never land on on-demand nodes).
     force_on_demand: bool = False
+    # true: a slice's pool built under node settings that have since changed (shared.tpu.drift) is
+    # deleted when provision next sees a pending pod of the slice and nobody runs on it, then built
+    # anew; false: drift is only reported (tpuprov status, the provision decision line).
+    replace_drifted_pools: bool = False
 
     # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
     # operations per cluster at once and answers 429/400 beyond it; creates of one replicated job

@@ -1,5 +1,9 @@
 """A slice's pool that no longer fits its pods: replaced when nobody runs on it, refused otherwise.
 
+A pool built under node settings that have since changed (config drift, ``shared.tpu.drift``) goes
+the same guarded way when REPLACE_DRIFTED_POOLS is on, except that a busy one is simply kept: its
+pods can still land on it.
+
 The pool name is derived from the slice, not from what its pods select, so a JobSet whose pods
 change their selectors under the same uid finds its old pool by name. The usual cause is Kueue:
 a JobSet suspended and re-admitted under another flavor within SUSPEND_GRACE_SECONDS gets pods
@@ -74,7 +78,35 @@ class Refit:
             # pending event of the slice looks again.
             why = f"pool {pool.name} no longer fits the pod ({misfit}); it is replaced once it is RUNNING"
             return done(Outcome(WAITING, why, pool.name, slice_desc))
-        why = f"pool {pool.name} no longer fits the pod: {misfit}"
+        busy = self._delete_if_idle(pool, f"pool {pool.name} no longer fits the pod: {misfit}")
+        if busy:
+            reason = f"{busy} JobSet pod(s) run on it, and a pool is never replaced under a workload"
+            return self._refuse(pod, request, pool, misfit, reason, slice_desc)
+        return self._replaced(
+            pod, request, pool, f"deleted node pool {pool.name} to build it again: {misfit}", slice_desc
+        )
+
+    def replace_drifted(
+        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, drifted: str, slice_desc: str
+    ) -> Outcome | None:
+        """Replace the slice's own pool built under settings that have since changed (``drifted``
+        names them), when RUNNING and nobody runs on it; None when it is kept (the pod can still
+        land there, so nothing is refused: the caller goes on as for any existing pool)."""
+        own = (
+            pool.labels.get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+            and pool.labels.get(labels.OWNER_UID, "") == request.slice_id.jobset_uid
+        )
+        if not own or pool.status not in (STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR):
+            return None
+        busy = self._delete_if_idle(pool, f"pool {pool.name} was built under other settings: {drifted}")
+        if busy:
+            return None
+        message = f"deleted node pool {pool.name} to build it under the current settings ({drifted})"
+        return self._replaced(pod, request, pool, message, slice_desc)
+
+    def _delete_if_idle(self, pool: NodePoolInfo, why: str) -> int:
+        """Cordon, settle, re-check and delete the pool unless a JobSet pod runs there; the number of
+        such pods (0 when deleted), the pool then uncordoned."""
         nodes = self.guard.nodes(pool)
         busy = _jobset_pods(self.guard.pods_on(nodes))
         if not busy:
@@ -83,12 +115,15 @@ class Refit:
             busy = _jobset_pods(self.guard.pods_on(nodes))
         if busy:
             self.guard.uncordon(pool, nodes, "a JobSet pod runs there: the pool is kept")
-            reason = f"{len(busy)} JobSet pod(s) run on it, and a pool is never replaced under a workload"
-            return self._refuse(pod, request, pool, misfit, reason, slice_desc)
+            return len(busy)
         # Already gone (NotFoundError): the next pending event creates it anew all the same.
         with contextlib.suppress(NotFoundError):
             self.gke.delete_node_pool(self.settings.cluster_path, pool.name, why)
-        message = f"deleted node pool {pool.name} to build it again: {misfit}"
+        return 0
+
+    def _replaced(
+        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, message: str, slice_desc: str
+    ) -> Outcome:
         self.kube.record_event(jobset_ref(request), labels.REASON_RELEASED, message)
         self.kube.record_event(pod_ref(pod), labels.REASON_RELEASED, message)
         return done(Outcome(REPLACED, message, pool.name, slice_desc), logging.WARNING)

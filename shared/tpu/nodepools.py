@@ -85,6 +85,26 @@ class NodePoolSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeConfig:
+    """The settings-made part of a pool's node config as GKE reports it (config drift compares it)."""
+
+    service_account: str = ""
+    oauth_scopes: tuple[str, ...] = ()
+    disk_size_gb: int = 0
+    disk_type: str = ""
+    boot_disk_kms_key: str = ""
+    confidential_storage: bool = False
+    secondary_boot_disks: tuple[tuple[str, str], ...] = ()
+    additional_networks: tuple[tuple[str, str], ...] = ()
+    secure_boot: bool = False
+    integrity_monitoring: bool = True
+    max_pods_per_node: int = 0  # 0: GKE reported no per-pool constraint
+    max_surge: int = -1  # -1: no upgrade settings reported
+    max_unavailable: int = -1
+    tags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class NodePoolInfo:
     """What listing or getting a node pool tells us."""
 
@@ -100,6 +120,8 @@ class NodePoolInfo:
     reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
     flex_start: bool = False
     current_nodes: int | None = None  # nodes a flex-start pool has now (None: not reported)
+    # What its nodes were built with; None when the source does not say (no drift is then reported).
+    config: NodeConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,8 @@ from shared.core.errors import (
     TpuProvError,
     TransientError,
 )
-from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec, Placement, Reservation
+from shared.tpu.drift import drift
+from shared.tpu.nodepools import NodeConfig, NodePoolInfo, NodePoolSpec, Placement, Reservation
 from tests.paths import REPO
 
 ZONE = "us-central2-b"
@@ -71,7 +72,18 @@ def test_create_then_get_round_trips_the_spec(
         tpu_topology="2x2x2",
         spot=False,  # Spot VMs cannot consume a reservation: the adapter sends the reservation only
         reservation="projects/shared-proj/reservations/tpu-res",
+        # Read back for config drift: what it was built with, as GKE reports it.
+        config=NodeConfig(
+            service_account="tpu@test-proj.iam.gserviceaccount.com",
+            oauth_scopes=("https://www.googleapis.com/auth/cloud-platform",),
+            disk_size_gb=200,
+            disk_type="pd-balanced",
+            max_pods_per_node=32,
+            tags=("tpu",),
+        ),
     )
+    # A pool just built from the spec has drifted from nothing.
+    assert drift(gke_api.get_node_pool(gke_cluster, spec.name), spec) == ()
     [sent] = gke_emulator.pools(gke_cluster)
     config = sent["config"]
     assert config.get("spot", False) is False
