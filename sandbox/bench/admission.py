@@ -8,21 +8,32 @@ seconds after the reservation, a finished create's audit entry ``sink_delay`` af
 pool's Nodes register Ready with it), and a redelivery ``redelivery`` seconds after a delivery that
 asked for one. The figure is the virtual time from the reservation to the check's ``Ready``.
 
+Three more figures for ``make bench`` (``sandbox.bench.runner``): today's pending-pod path for the
+same S (``sandbox.sim.scenario``: pods pending, FailedScheduling through the sink, then creates) to
+compare with; the fan-out's pace at ``create_latency`` seconds per CreateNodePool (time to all creates
+accepted, the busiest minute's calls against GKE's per-minute API quota); and a stockout of some
+slices (the Workload's check turns ``Retry``, which is when Kueue releases its quota).
+
     python -m sandbox.bench.admission
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import logging
+import math
 import random
 import sys
 from typing import Any, TextIO
 
+from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.jobsets import tpu_jobset
+from sandbox.sim import scenario
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
 from sandbox.testing.fakes import FakeKube
-from shared.core import labels
+from shared.core import labels, logs
 from shared.core.settings import Settings
 from shared.provisioning.admission_check import AdmissionChecker, CheckResult
 
@@ -36,6 +47,11 @@ class Shape:
     create_seconds: tuple[float, float] = (240.0, 360.0)  # a TPU pool create: four to six minutes
     sink_delay: float = 5.0  # Cloud Logging -> Pub/Sub -> function
     redelivery: float = 10.0  # Pub/Sub's minimum backoff in infra
+    # Seconds GKE takes to answer one CreateNodePool (0: at once). The product's fan-out runs
+    # CREATE_CONCURRENCY calls at a time, so with equal latencies the k-th call of a delivery
+    # (0-based) is answered (k // concurrency + 1) x latency after the delivery started.
+    create_latency: float = 0.0
+    stocked_out: int = 0  # slices the zone has no on-demand capacity for (their pools go to ERROR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +61,12 @@ class Result:
     creates_accepted: int
     creates_refused: int  # answered "too many operations"
     deliveries: int
+    seconds_to_all_accepted: float = math.inf  # reservation until GKE accepted the S-th create
+    busiest_minute_calls: int = 0  # CreateNodePool calls in the busiest 60 s window
+    seconds_to_retry: float = math.inf  # reservation until the check said Retry (quota released)
+    stockout_to_retry: float = math.inf  # the stocked-out pool's ERROR until the check said Retry
+    requeue_after: int = 0  # the Retry's requeueAfterSeconds
+    deadline_reached: bool = False  # a fan-out call would have started past the delivery's deadline
 
 
 def _workload(slices: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -83,6 +105,15 @@ def _workload(slices: int) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def run(shape: Shape, seed: int = 1) -> Result:
+    """One Workload through the check; its decision lines go nowhere (hundreds of them at S=256)."""
+    logs.configure(stream=io.StringIO(), level=logging.ERROR)
+    try:
+        return _run(shape, seed)
+    finally:
+        logs.configure()
+
+
+def _run(shape: Shape, seed: int) -> Result:
     sim = Simulation()
     kube = FakeKube()
     jobset, workload = _workload(shape.slices)
@@ -91,12 +122,18 @@ def run(shape: Shape, seed: int = 1) -> Result:
     kube.flavors["vlp"] = {"spec": {"nodeLabels": {}}}
     deliveries = [0]
     ready_at: list[float] = []
+    retry: list[tuple[float, int]] = []
+    calls: list[float] = []  # when each CreateNodePool was answered
+    accepted: list[float] = []
+    in_delivery = [0]
+    past_deadline = [False]
 
     # One warm function instance: what it learnt from GKE (the operation limit) stays.
     checker: list[AdmissionChecker] = []
 
     def deliver(look: str) -> None:
         deliveries[0] += 1
+        in_delivery[0] = 0
         if not checker:
             checker.append(AdmissionChecker(SETTINGS, gke, kube, wall_clock=sim.clock))
         check = checker[0]
@@ -106,6 +143,11 @@ def run(shape: Shape, seed: int = 1) -> Result:
             results = check.sweep(look)
         if any(r.state == "Ready" for r in results) and not ready_at:
             ready_at.append(sim.now)
+        for r in results:
+            if r.state == "Retry" and not retry:
+                status = kube.get_workload("team-a", "jobset-train-0")["status"]
+                mine = [c for c in status["admissionChecks"] if c["name"] == SETTINGS.admission_check_name]
+                retry.append((sim.now, int(mine[0].get("requeueAfterSeconds", 0))))
         # As the provision handler: a finished create whose Workload waits only for Nodes is redelivered.
         if look != "QuotaReserved" and any(r.waiting_for_nodes for r in results):
             sim.after(shape.redelivery, lambda: deliver(look))
@@ -121,15 +163,108 @@ def run(shape: Shape, seed: int = 1) -> Result:
     gke = SimGke(
         sim, shape.op_limit, lambda r: r.uniform(low, high), seed=rng.randrange(1 << 30), on_finished=finished
     )
+    if shape.stocked_out:
+        capacity = CapacityModel(sim.clock)
+        # A slice of v5e 2x4 is 8 chips: the zone holds every slice but the stocked-out ones.
+        capacity.set(SETTINGS.location, "on-demand", 8 * (shape.slices - shape.stocked_out))
+        gke.capacity = capacity
+    create = gke.create_node_pool
+
+    def timed_create(cluster: str, spec: Any, why: str) -> str:
+        # Threads of the product's fan-out call this; the count decides when the call is answered.
+        k = in_delivery[0]
+        in_delivery[0] += 1
+        started = (k // SETTINGS.create_concurrency) * shape.create_latency
+        past_deadline[0] = past_deadline[0] or started >= SETTINGS.request_deadline_seconds
+        answered = sim.now + started + shape.create_latency
+        calls.append(answered)
+        operation = create(cluster, spec, why)
+        accepted.append(answered)
+        return operation
+
+    gke.create_node_pool = timed_create  # type: ignore[method-assign]
     sim.after(shape.sink_delay, lambda: deliver("QuotaReserved"))
-    sim.run(until=6 * 3600, stop=lambda: bool(ready_at))
+    sim.run(until=6 * 3600, stop=lambda: bool(ready_at) or bool(retry))
+    calls.sort()
+    failed = sorted(p.at for p in gke.stats.placements if p.outcome == "stockout")
+    busiest = max((sum(1 for t in calls if a <= t < a + 60.0) for a in calls), default=0)
     return Result(
         shape,
-        ready_at[0] if ready_at else float("inf"),
+        ready_at[0] if ready_at else math.inf,
         gke.stats.creates_accepted,
         gke.stats.wasted,
         deliveries[0],
+        seconds_to_all_accepted=sorted(accepted)[shape.slices - 1]
+        if len(accepted) >= shape.slices
+        else math.inf,
+        busiest_minute_calls=busiest,
+        seconds_to_retry=retry[0][0] if retry else math.inf,
+        stockout_to_retry=retry[0][0] - failed[0] if retry and failed else math.inf,
+        requeue_after=retry[0][1] if retry else 0,
+        deadline_reached=past_deadline[0],
     )
+
+
+def pending_pod_path(slices: int, op_limit: int = 20, seed: int = 1) -> float:
+    """Today's path for the same S: first pending pod to all pools RUNNING (pools of 4-6 min)."""
+    result = scenario.run(
+        scenario.SimConfig(slices=slices, op_limit=op_limit, op_minutes=5.0, seed=seed),
+        resume=lambda provisioner: provisioner.resume(),
+    )
+    return math.inf if result.makespan is None else result.makespan
+
+
+READY_SLICES = (1, 4, 16)  # within GKE's operation limit: one fan-out, one create time
+FANOUT_SLICES = (64, 256)
+GKE_REQUESTS_PER_MINUTE = 3000  # the issue's figure for GKE's API quota per project
+
+
+def measure_all() -> dict[str, Any]:
+    """The ``make bench`` part: reservation to Ready vs the pending-pod path, the fan-out's pace at
+    1 s per create (GKE's operation limit >= S, so only the product's fan-out bounds it), and one
+    stocked-out slice of four. JSON-safe."""
+    ready = []
+    for slices in READY_SLICES:
+        result = run(Shape(slices))
+        today = pending_pod_path(slices)
+        ready.append(
+            {
+                "slices": slices,
+                "check_s": _finite(result.seconds_to_ready),
+                "pending_pod_path_s": _finite(today),
+                "creates_accepted": result.creates_accepted,
+            }
+        )
+    fanout = []
+    for slices in FANOUT_SLICES:
+        result = run(Shape(slices, op_limit=slices, create_latency=1.0))
+        fanout.append(
+            {
+                "slices": slices,
+                "create_latency_s": 1.0,
+                "concurrency": SETTINGS.create_concurrency,
+                "op_limit": slices,
+                "all_accepted_s": _finite(result.seconds_to_all_accepted),
+                "busiest_minute_calls": result.busiest_minute_calls,
+                "refused_429": result.creates_refused,
+                "past_deadline": result.deadline_reached,
+            }
+        )
+    stock = run(Shape(4, stocked_out=1))
+    stockout = {
+        "slices": 4,
+        "stocked_out": 1,
+        "reservation_to_retry_s": _finite(stock.seconds_to_retry),
+        "stockout_to_retry_s": _finite(stock.stockout_to_retry),
+        "requeue_after_s": stock.requeue_after,
+        "backoff_step_s": SETTINGS.stockout_backoff_seconds,
+        "creates": stock.creates_accepted + stock.creates_refused,
+    }
+    return {"ready": ready, "fanout": fanout, "stockout": stockout, "shape": dataclasses.asdict(Shape(0))}
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 1) if math.isfinite(value) else None
 
 
 def main(out: TextIO = sys.stdout) -> int:

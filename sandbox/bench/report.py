@@ -113,6 +113,54 @@ def _stockout_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def admission_lines(report: dict[str, Any]) -> list[str]:
+    """The admission-check part as Markdown lines (none when the simulation was skipped)."""
+    part = report.get("admission")
+    if not part:
+        return []
+    ready = [
+        [str(r["slices"]), f"**{_minutes(r['check_s'])}**", _minutes(r["pending_pod_path_s"])]
+        for r in part["ready"]
+    ]
+    fanout = [
+        [
+            str(r["slices"]),
+            f"{r['concurrency']}",
+            f"**{_seconds(r['all_accepted_s'])}**",
+            str(r["busiest_minute_calls"]),
+            str(r["refused_429"]),
+        ]
+        for r in part["fanout"]
+    ]
+    st = part["stockout"]
+    return [
+        "**Slices before pods** (virtual time, `sandbox/bench/admission.py`): the product's admission "
+        "check against a GKE whose pool creates take 4-6 min (operation limit 20), Kueue's QuotaReserved "
+        "Event and each finished create delivered 5 s later. Today's path for the same JobSet "
+        "(`sandbox/sim/scenario.py`): first pending pod, FailedScheduling through the sink, creates.",
+        "",
+        *_table(
+            ["S", "reservation -> all slices ready", "pending-pod path: pod -> all pools RUNNING"], ready
+        ),
+        "",
+        "Fan-out at 1 s per CreateNodePool, GKE's operation limit >= S (GKE's API quota: 3000 requests/min):",
+        "",
+        *_table(
+            ["S", "concurrency", "reservation -> all creates accepted", "busiest minute", "429s"], fanout
+        ),
+        "",
+        f"One slice of {st['slices']} stocked out: the check said Retry "
+        f"{_seconds(st['stockout_to_retry_s'])} after the pool failed "
+        f"({_seconds(st['reservation_to_retry_s'])} after the reservation), requeueAfterSeconds "
+        f"{st['requeue_after_s']} (backoff step {st['backoff_step_s']} s), {st['creates']} creates.",
+        "",
+    ]
+
+
+def _minutes(value: float | None) -> str:
+    return "never" if value is None else f"{value / 60:.1f} min"
+
+
 def handover_lines(report: dict[str, Any]) -> list[str]:
     """The handover part as Markdown lines (none when the part was skipped)."""
     h = report.get("handover")
@@ -285,6 +333,7 @@ def markdown(report: dict[str, Any]) -> str:
         *handover_lines(report),
         *_wave_lines(report),
         *_stockout_lines(report),
+        *admission_lines(report),
         "**Targets**",
         "",
         *_table(

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.bench import admission as bench_admission
 from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
 from sandbox.bench import env as bench_env
@@ -158,6 +159,58 @@ def _stockout_targets(
     ]
 
 
+def _admission_targets(part: dict[str, Any]) -> list[dict[str, Any]]:
+    # One pool-create time whatever S: the slowest create (6 min) plus three sink delays.
+    out = []
+    shape = part["shape"]
+    one_create = shape["create_seconds"][1] + 3 * shape["sink_delay"]
+    for row in part["ready"]:
+        value = math.inf if row["check_s"] is None else row["check_s"]
+        out.append(
+            _target(
+                f"admission check: reservation to all slices ready, S={row['slices']}", value, one_create, "s"
+            )
+        )
+    for row in part["fanout"]:
+        s = row["slices"]
+        value = math.inf if row["all_accepted_s"] is None else row["all_accepted_s"]
+        # ceil(S / CREATE_CONCURRENCY) calls of 1 s in a row, after the QuotaReserved Event's sink delay.
+        bound = math.ceil(s / row["concurrency"]) * row["create_latency_s"] + shape["sink_delay"]
+        out.append(
+            _target(f"admission check: all creates accepted, S={s} at 1 s per create", value, bound, "s")
+        )
+        out.append(
+            _target(
+                f"admission check: creates in the busiest minute, S={s}",
+                row["busiest_minute_calls"],
+                bench_admission.GKE_REQUESTS_PER_MINUTE,
+                "calls",
+            )
+        )
+    stock = part["stockout"]
+    step = stock["backoff_step_s"]
+    to_retry = math.inf if stock["stockout_to_retry_s"] is None else stock["stockout_to_retry_s"]
+    out += [
+        _target(
+            "admission check, 1 of 4 slices stocked out: quota released after the stockout",
+            to_retry,
+            step,
+            "s",
+        ),
+        _target(
+            "admission check, 1 of 4 slices stocked out: requeue after",
+            stock["requeue_after_s"],
+            step,
+            "s",
+            ok=0 < stock["requeue_after_s"] <= step,
+        ),
+        _target(
+            "admission check, 1 of 4 slices stocked out: creates", stock["creates"], stock["slices"], "calls"
+        ),
+    ]
+    return out
+
+
 def _handover_targets(result: bench_handover.HandoverResult) -> list[dict[str, Any]]:
     n = result.shape.jobsets
     creates_max = bench_handover.CONCURRENT + bench_handover.CREATES_SLACK
@@ -286,6 +339,9 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
             backoff = sim_stockout.run(sim_stockout.StockoutConfig(outage_minutes=60, horizon_hours=8))
             report["stockout"] = {"fallback": _stockout_dict(fallback), "backoff": _stockout_dict(backoff)}
             targets += _stockout_targets(fallback, backoff)
+            say("simulation: the Kueue admission check (S slices before pods), in virtual time")
+            report["admission"] = bench_admission.measure_all()
+            targets += _admission_targets(report["admission"])
         report["targets"] = targets
         report["all_met"] = all(t["met"] for t in targets)
         return report

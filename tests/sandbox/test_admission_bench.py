@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandbox.bench.admission import Shape, run
+from sandbox.bench.admission import GKE_REQUESTS_PER_MINUTE, SETTINGS, Shape, run
 
 
 def test_all_slices_are_ready_about_one_pool_create_after_the_reservation_whatever_their_number() -> None:
@@ -18,3 +18,22 @@ def test_beyond_gkes_operation_limit_the_rest_follows_each_finished_operation() 
     assert result.creates_accepted == 64
     assert result.creates_refused <= 1  # the 429 that names the limit; nothing is sent beyond it after
     assert result.seconds_to_ready < 4 * 360 + 60  # four waves of at most six minutes
+
+
+def test_a_stocked_out_slice_turns_the_check_to_retry_as_soon_as_its_pool_fails() -> None:
+    shape = Shape(4, stocked_out=1)
+    result = run(shape)
+    # Quota is released when Kueue reads Retry: the failed create's entry is the only wait.
+    assert result.stockout_to_retry == shape.sink_delay
+    assert result.requeue_after == SETTINGS.stockout_backoff_seconds
+    assert result.creates_accepted == 4 and result.creates_refused == 0  # nothing re-sent meanwhile
+    assert result.seconds_to_ready == float("inf")
+
+
+def test_a_wide_fan_out_at_one_second_per_create_stays_within_the_delivery_and_the_api_quota() -> None:
+    result = run(Shape(256, op_limit=256, create_latency=1.0))
+    assert result.creates_accepted == 256 and result.creates_refused == 0
+    assert not result.deadline_reached
+    # CREATE_CONCURRENCY calls at a time: 32 rounds of one second after the QuotaReserved delivery.
+    assert result.seconds_to_all_accepted == 5.0 + 256 / SETTINGS.create_concurrency
+    assert result.busiest_minute_calls <= GKE_REQUESTS_PER_MINUTE

@@ -135,6 +135,10 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     assert report["reconcile_scale"]["gke_creates"] == 0
     assert "**Reconcile at cluster scale**" in markdown and "**Fan-out under GKE's pace**" in markdown
     assert "## Performance" in capsys.readouterr().out
+    # The admission check's figures run in virtual time: every one of them is judged here.
+    admission = [t for t in report["targets"] if t["name"].startswith("admission check")]
+    assert len(admission) == 10 and all(t["met"] for t in admission), admission
+    assert "**Slices before pods**" in markdown
 
 
 @pytest.mark.slow
