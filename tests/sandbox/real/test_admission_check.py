@@ -12,6 +12,7 @@ it, Rejected deactivates it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,9 +30,11 @@ from sandbox.kube.nodes import pool_from_gke, ready, register_pool_nodes
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import KubeClient
 from shared.core import labels
+from shared.core.errors import TransientError
 from shared.core.settings import Settings
 from shared.kueue.render import to_yaml
 from shared.provisioning.admission_check import CONTROLLER_NAME, AdmissionChecker
+from shared.provisioning.reconciler import Reconciler
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -328,3 +331,54 @@ def test_what_can_never_succeed_is_rejected_and_kueue_deactivates_it(rig: Rig) -
     assert rig.pods("toolarge") == []
     # A deactivated Workload is not the check's any more: the sweep leaves it alone.
     assert all(r.workload != f"default/{wl['metadata']['name']}" for r in strict.sweep())
+
+
+def test_a_workload_deactivated_while_its_slices_are_provisioned_has_its_pools_released_after_the_grace(
+    rig: Rig,
+) -> None:
+    # Release as the reconcile function runs it, with a short suspend grace: the keep window the
+    # README documents for a Workload the check no longer looks at.
+    grace = 8
+    settings = SETTINGS.with_overrides(suspend_grace_seconds=grace)
+    reconciler = Reconciler(
+        settings, GkeNodePoolAPI(endpoint=rig.gke.url), product_client(rig.cluster, "reconcile")
+    )
+    rig.api.create(JOBSETS, jobset("evicted", replicas=2))
+    wl = rig.workload_of("evicted")
+    rig.eventually(lambda: rig.condition(wl, "QuotaReserved"), 90, "quota reserved")
+    result = rig.checker.handle("default", wl["metadata"]["name"], "QuotaReserved")
+    assert result.state == "Pending" and len(result.created) == 2
+    looked = time.time()
+
+    def pools() -> set[str]:
+        return {p["name"] for p in rig.gke.pools(SETTINGS.cluster_path)} & set(result.created)
+
+    def sweep() -> None:
+        with contextlib.suppress(TransientError):  # e.g. a pool still being created: the next sweep
+            reconciler.sweep()
+
+    sweep()
+    assert pools() == set(result.created)  # the check is provisioning them: release keeps them
+
+    # Evicted during provisioning: the Workload is deactivated, Kueue evicts it and releases its quota.
+    rig.api.patch(
+        f"{KUEUE}/namespaces/default/workloads/{wl['metadata']['name']}", {"spec": {"active": False}}
+    )
+    rig.eventually(lambda: rig.condition(wl, "QuotaReserved") is None, 30, "Kueue releasing the quota")
+    assert all(r.workload != f"default/{wl['metadata']['name']}" for r in rig.checker.sweep())
+
+    def released() -> bool:
+        sweep()
+        assert rig.pods("evicted") == []  # nothing ever ran on them, so nothing can be killed
+        if pools():
+            # Kept no longer than the check's last look plus the grace (one sweep period of slack).
+            assert time.time() - looked < grace + 20, f"{sorted(pools())} kept past the grace"
+            return False
+        return True
+
+    rig.eventually(released, 60, "the deactivated Workload's pools released")
+    # Not before the grace from the check's last look: a Workload requeued at once would find them.
+    assert time.time() - looked >= grace - 1
+    events = rig.api.list("/api/v1/namespaces/default/events", field_selector="involvedObject.name=evicted")
+    assert any(e["reason"] == "TPUSlicesPending" for e in events)
+    rig.api.delete(f"{JOBSETS}/evicted")
