@@ -54,9 +54,11 @@ def test_the_multislice_kueue_flow_runs_on_the_real_components(
     assert outcome.problems == []
     assert outcome.states == {name: "Completed" for name, _ in demo.JOBSETS}
     summary = outcome.summary
-    # The 3-slice JobSet's three pools, handed over to the next two JobSets, then deleted.
-    assert summary.pools_created == 3
-    assert summary.pools_deleted == 3
+    # The 3-slice JobSet's three pools, handed over to the next two JobSets, then deleted. When the
+    # next JobSets' pods pend before the first one's pools are free, provision may create more (as
+    # the stand-in's flow allows too); every pool created is deleted.
+    assert summary.pools_created >= 3
+    assert summary.pools_deleted == summary.pools_created
     assert summary.pools_leaked == []
     assert summary.pools_adopted >= 1
     assert summary.pods_killed == 0
@@ -96,8 +98,7 @@ def test_the_real_schedulers_failed_scheduling_reached_provision_through_the_sin
     entry = scheduler[0].entry
     assert entry["resource"]["type"] == "k8s_pod"
     assert entry["labels"]["logging.gke.io/top_level_controller_type"] == "JobSet"
-    created = stack.decisions("provision.created")
-    assert len(created) == 3
+    assert len(stack.decisions("provision.created")) >= 3
 
 
 def test_a_release_whose_role_lacks_node_update_gets_the_real_403_and_deletes_nothing(
