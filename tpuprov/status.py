@@ -25,7 +25,7 @@ import yaml
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning import occupancy, releaser
-from shared.tpu import catalog
+from shared.tpu import catalog, drift
 from shared.tpu.jobsets import condition
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 from tpuprov import output
@@ -85,11 +85,15 @@ class PoolRow:
     handed_over_from: str = ""  # the former owner's name when the pool was adopted instead of deleted
     next: str = "keep"  # keep | adopt | hold | delete | deleting: what the release path does with it now
     why: str = ""  # the release path's reason for ``next``
+    # Each setting the pool was built under that the current settings would set otherwise
+    # (shared.tpu.drift, "SETTING: pool -> now"); not a leak: REPLACE_DRIFTED_POOLS decides.
+    drift: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-safe dict (the ``-o json`` shape, one object per pool)."""
         out = dataclasses.asdict(self)
         out["running"] = list(self.running)
+        out["drift"] = list(self.drift)
         return out
 
 
@@ -258,6 +262,7 @@ def pool_rows(
                 handed_over_from=pool.labels.get(labels.HANDED_OVER_FROM, ""),
                 next=action,
                 why=why,
+                drift=tuple(d.describe() for d in drift.drift(pool, drift.expected_spec(settings, pool))),
             )
         )
     return sorted(rows, key=lambda r: (r.owner, r.name))
@@ -338,6 +343,8 @@ def render_table(rows: Sequence[PoolRow], prices: Prices, empty: str = "No manag
     # A running owner keeping its pool needs no explanation; every other pool says why it is kept,
     # held, handed over or deleted.
     notes = [f"{r.name}: {r.next}: {r.why}\n" for r in rows if (r.next, r.owner_state) != ("keep", "running")]
+    # Built under settings that have since changed: said apart from the release path's answer.
+    notes += [f"{r.name}: drift: {'; '.join(r.drift)}\n" for r in rows if r.drift]
     return output.table(header, body) + ("\n" + "".join(notes) if notes else "")
 
 

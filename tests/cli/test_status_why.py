@@ -188,6 +188,7 @@ def test_status_command_json_and_leaks(
     assert main(["status", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["totals"]["pools"] == 4 and doc["totals"]["leaks"] == 1
+    assert doc["admission_check"] is None  # no Kueue check on this cluster: no section
     assert main(["status", "-o", "yaml"]) == 0
     as_yaml = yaml.safe_load(capsys.readouterr().out)
     # Ages and costs so far follow the wall clock between the two calls; everything else is the same.
@@ -276,3 +277,29 @@ def test_a_flex_start_pool_without_nodes_shows_as_waiting_and_costs_nothing() ->
     node = {"metadata": {"name": "n1", "labels": {labels.NODEPOOL: pool.name}}}
     [row] = status.pool_rows([pool], [jobset], [], [node], prices, now, Settings())
     assert (row.state, row.nodes) == ("RUNNING", 1) and row.cost_per_hour
+
+
+def test_status_notes_pools_built_under_settings_since_changed(cluster: dict[str, Any]) -> None:
+    # The operator has since given the nodes their own service account and bigger disks; the pools
+    # GKE reports were built before (read back through the real client from the GKE emulator).
+    view = cluster["view"]
+    changed = view.settings.with_overrides(
+        node_service_account="tpu-nodes@test-proj.iam.gserviceaccount.com", disk_size_gb=200
+    )
+    nodes = view.nodes()
+    for node in nodes:
+        node["metadata"]["creationTimestamp"] = CREATED
+    prices = status.Prices.load()
+    rows = status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, changed)
+    same = {(r.name, r.leak, r.next) for r in _rows(view)}
+    assert {(r.name, r.leak, r.next) for r in rows} == same  # drift is no leak and changes no fate
+    assert {r.drift for r in rows} == {
+        (
+            "NODE_SERVICE_ACCOUNT: default -> tpu-nodes@test-proj.iam.gserviceaccount.com",
+            "DISK_SIZE_GB: 100 -> 200",
+        )
+    }
+    _golden("status_drift.txt", status.render_table(rows, prices))
+    assert all(
+        p["drift"] == list(rows[0].drift) for p in json.loads(status.render_json(rows, prices))["pools"]
+    )
