@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input."""
     from shared.core.errors import TpuProvError
-    from tpuprov import output, status
+    from tpuprov import admission, output, status
     from tpuprov.cluster import ClusterView, settings_from
 
     price_file = args.prices or (
@@ -62,6 +62,36 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.leaks:
         rows = [r for r in rows if r.leak]
-    empty = "No leaked TPU node pools." if args.leaks else "No managed TPU node pools."
-    output.emit(args.output, status.document(rows, prices), lambda: status.render_table(rows, prices, empty))
-    return 1 if args.leaks and rows else 0
+        empty = "No leaked TPU node pools."
+        output.emit(
+            args.output, status.document(rows, prices), lambda: status.render_table(rows, prices, empty)
+        )
+        return 1 if rows else 0
+    doc = status.document(rows, prices)
+    section = ""
+    try:
+        health, checks = admission_section(view)
+    except TpuProvError as exc:  # the pools are still worth showing
+        print(f"tpuprov status: could not read the admission check: {exc.why}", file=sys.stderr)
+        doc["admission_check"] = None
+    else:
+        doc["admission_check"] = admission.document(health, checks)
+        section = admission.render(health, checks)
+    output.emit(args.output, doc, lambda: status.render_table(rows, prices) + section)
+    return 0
+
+
+def admission_section(view: Any) -> tuple[Any, list[Any]]:
+    """The product's AdmissionCheck as doctor reads it, and the Workloads carrying its state."""
+    from shared.core.errors import NotFoundError
+    from tpuprov import admission
+    from tpuprov.doctor.readers import admission_check_view
+
+    name = view.settings.admission_check_name
+    seen = admission_check_view(view.objects, name)
+    health = admission.CheckHealth(seen.name, seen.exists, seen.active, seen.message, seen.queues)
+    try:
+        workloads = view.objects.list_objects("kueue.x-k8s.io/v1beta2", "Workload")
+    except NotFoundError:
+        workloads = []  # Kueue is not installed
+    return health, admission.workload_checks(workloads, name)
