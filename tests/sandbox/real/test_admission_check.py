@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -24,17 +25,22 @@ from sandbox import polling
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.kube import addons
-from sandbox.kube.cluster import RealCluster
+from sandbox.kube.cluster import ADMIN, RealCluster
 from sandbox.kube.kwok import RUN_SECONDS
 from sandbox.kube.nodes import pool_from_gke, ready, register_pool_nodes
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import KubeClient
+from shared.cloud.objects import ApiClientObjects
 from shared.core import labels
 from shared.core.errors import TransientError
 from shared.core.settings import Settings
 from shared.kueue.render import to_yaml
 from shared.provisioning.admission_check import CONTROLLER_NAME, AdmissionChecker
 from shared.provisioning.reconciler import Reconciler
+from tpuprov import admission
+from tpuprov.commands.status import admission_section
+from tpuprov.doctor.checks import check_admission_check
+from tpuprov.doctor.readers import admission_check_view
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -382,3 +388,54 @@ def test_a_workload_deactivated_while_its_slices_are_provisioned_has_its_pools_r
     events = rig.api.list("/api/v1/namespaces/default/events", field_selector="involvedObject.name=evicted")
     assert any(e["reason"] == "TPUSlicesPending" for e in events)
     rig.api.delete(f"{JOBSETS}/evicted")
+
+
+def test_a_check_nobody_keeps_active_is_seen_by_kueue_doctor_and_status(rig: Rig) -> None:
+    # The product removed from the cluster: its reconcile no longer sets the check Active, and the
+    # condition says so (here written as Kueue's API accepts it for the check's controller).
+    stale = {
+        "type": "Active",
+        "status": "False",
+        "reason": "NoController",
+        "message": "tpuprov.dev/tpu-slices no longer runs",
+        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    def queue_inactive() -> bool:
+        queue = rig.api.get(f"{KUEUE}/clusterqueues/checked") or {}
+        conditions = (queue.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Active" and c["status"] == "False" for c in conditions)
+
+    rig.api.patch(f"{KUEUE}/admissionchecks/{CHECK}/status", {"status": {"conditions": [stale]}})
+    try:
+        rig.eventually(queue_inactive, 60, "real Kueue holding the ClusterQueue inactive")
+        # What tpuprov doctor and tpuprov status read, through the CLI's own object reader.
+        view = SimpleNamespace(settings=SETTINGS, objects=cli_objects(rig.cluster))
+        check = check_admission_check(admission_check_view(view.objects, CHECK))
+        assert (
+            not check.ok
+            and "tpu-slices is not Active (tpuprov.dev/tpu-slices no longer runs)" in check.detail
+        )
+        assert "ClusterQueue(s) checked inactive" in check.detail
+        health, _ = admission_section(view)
+        section = admission.render(health, [])
+        assert "AdmissionCheck tpu-slices is NOT Active (tpuprov.dev/tpu-slices no longer runs)" in section
+        assert "Kueue keeps ClusterQueue(s) checked inactive" in section
+    finally:
+        # The product back: reconcile's keep_active, and Kueue activates the queue again.
+        assert rig.checker.keep_active()
+        rig.eventually(lambda: not queue_inactive(), 60, "the ClusterQueue active again")
+
+
+def cli_objects(cluster: RealCluster) -> ApiClientObjects:
+    """The CLI's ``ObjectAPI`` as a cluster administrator runs it."""
+    from kubernetes import client as k8s
+
+    ca = Path(cluster.dir) / "cli-ca.crt"
+    ca.write_bytes(cluster.ca_pem)
+    cfg = k8s.Configuration()
+    cfg.host = cluster.server
+    cfg.ssl_ca_cert = str(ca)
+    cfg.api_key = {"authorization": cluster.identities[ADMIN].token}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    return ApiClientObjects(k8s.ApiClient(cfg))
