@@ -222,17 +222,28 @@ class AdmissionChecker:
                 return jobset
             value = f"{state}@{stamp}"
         why = f"admission check of its Workload: {state or 'done'}"
-        try:
-            return self.kube.annotate_jobset(
-                str(meta.get("namespace") or ""),
-                str(meta.get("name") or ""),
-                {labels.ADMISSION_CHECK: value},
-                str(meta.get("resourceVersion") or ""),
-                why,
-            )
-        except (ConflictError, NotFoundError) as exc:
-            logs.decision(log, "admission.unmarked", f"could not record {why}: {exc.why}", logging.WARNING)
-            return jobset
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        version = str(meta.get("resourceVersion") or "")
+        for _ in range(3):
+            try:
+                return self.kube.annotate_jobset(
+                    namespace, name, {labels.ADMISSION_CHECK: value}, version, why
+                )
+            except ConflictError:
+                # Written since it was read (e.g. the stockout record just now): only this annotation
+                # is ours to set, so read the new version and set it again.
+                try:
+                    jobset = self.kube.get_jobset(namespace, name)
+                except NotFoundError:
+                    return jobset
+                version = str((jobset.get("metadata") or {}).get("resourceVersion") or "")
+            except NotFoundError as exc:
+                logs.decision(
+                    log, "admission.unmarked", f"could not record {why}: {exc.why}", logging.WARNING
+                )
+                return jobset
+        logs.decision(log, "admission.unmarked", f"could not record {why}: kept changing", logging.WARNING)
+        return jobset
 
     def _flavor_labels(self, workload: WorkloadView) -> dict[str, dict[str, str]]:
         """Per pod set, the node labels of the flavor its TPU chips were assigned (Kueue writes them

@@ -177,3 +177,20 @@ def test_a_lost_quota_reserved_event_is_made_up_for_by_the_sweep(gke: FakeGke, k
     [result] = AdmissionChecker(SETTINGS, gke, kube).sweep()
     assert result.state == "Pending" and len(result.created) == 3
     assert state_of(kube, wl)["message"] == "pools ready 0/3"
+
+
+def test_the_record_on_the_jobset_survives_a_concurrent_write(gke: FakeGke, kube: FakeKube) -> None:
+    # The stockout record (or anyone) may write the JobSet between our read and our annotation.
+    _, wl = setup(kube, replicas=1)
+    writes = {"n": 0}
+
+    def concurrent_writer(namespace: str, name: str) -> None:
+        if writes["n"] == 0:
+            writes["n"] += 1
+            stored = kube.jobsets[(namespace, name)]["metadata"]
+            stored["resourceVersion"] = str(int(stored.get("resourceVersion") or "1") + 1)
+
+    kube.before_annotate = concurrent_writer
+    AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
+    stored = kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK]
+    assert stored.startswith("Pending@")
