@@ -223,6 +223,15 @@ class GkeState:
                 stored.locations.extend(seed.locations)
             if not stored.config.machine_type:
                 stored.config.machine_type = "e2-medium"
+            # What GKE reports for fields a create left unset (NodeConfig reference: the "default"
+            # service account, a 100 GB boot disk; surge upgrades of one node), so config-drift
+            # comparisons meet GKE's answers rather than the request echoed back.
+            if not stored.config.service_account:
+                stored.config.service_account = "default"
+            if not stored.config.disk_size_gb:
+                stored.config.disk_size_gb = 100
+            if not stored.HasField("upgrade_settings"):
+                stored.upgrade_settings.max_surge = 1
             stored.status = cs.NodePool.Status.PROVISIONING
             stored.self_link = f"{API_BASE}/{path}/nodePools/{pool.name}"
             stored.version = "1.31.1-gke.1000000"

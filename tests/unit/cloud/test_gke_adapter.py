@@ -79,6 +79,8 @@ def test_create_then_get_round_trips_the_spec(
             disk_size_gb=200,
             disk_type="pd-balanced",
             max_pods_per_node=32,
+            max_surge=1,  # none sent: GKE reports its surge default
+            max_unavailable=0,
             tags=("tpu",),
         ),
     )
