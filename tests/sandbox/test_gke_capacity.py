@@ -13,7 +13,7 @@ from sandbox.emulators.gke.capacity import (
     Demand,
 )
 from sandbox.emulators.gke.rules import ApiError
-from sandbox.testing.gke import FakeClock
+from sandbox.testing.clock import FakeClock
 from shared.provisioning.backoff import is_quota_error
 
 ZONE_A, ZONE_B = "us-central2-a", "us-central2-b"
