@@ -221,18 +221,31 @@ def _workload_event(
     # Kueue's scheduler: Eventf(wl, Normal, "QuotaReserved", "Quota reserved in ClusterQueue ...").
     if reason != "QuotaReserved":
         raise Skip(f"Workload event reason {clip(reason)} is not QuotaReserved")
-    api_version = obj.get("apiVersion", "")
-    if api_version and (not isinstance(api_version, str) or not api_version.startswith("kueue.x-k8s.io/")):
-        raise Skip(f"Workload event for apiVersion {clip(api_version)}, not kueue.x-k8s.io")
-    if resource_type != "k8s_cluster":
-        raise Skip(f"Workload event logged against resource type {clip(resource_type)}")
+    namespace, name, uid = _custom_resource_identity("Workload", "kueue.x-k8s.io", obj, resource_type)
     return WorkloadQuotaReserved(
         cluster=cluster,
-        namespace=validate_namespace(obj.get("namespace")),
-        name=validate_name(obj.get("name"), "Workload name"),
-        uid=validate_uid(obj.get("uid")),
+        namespace=namespace,
+        name=name,
+        uid=uid,
         message=first_str(payload, "message", "note"),
         timestamp=_entry_time(entry, payload),
+    )
+
+
+def _custom_resource_identity(
+    kind: str, group: str, obj: Mapping[str, Any], resource_type: Any
+) -> tuple[str, str, str]:
+    """(namespace, name, uid) of the custom resource an Event is about; Skip when the Event names
+    another API group or was logged against something other than the cluster."""
+    api_version = obj.get("apiVersion", "")
+    if api_version and (not isinstance(api_version, str) or not api_version.startswith(f"{group}/")):
+        raise Skip(f"{kind} event for apiVersion {clip(api_version)}, not {group}")
+    if resource_type != "k8s_cluster":
+        raise Skip(f"{kind} event logged against resource type {clip(resource_type)}")
+    return (
+        validate_namespace(obj.get("namespace")),
+        validate_name(obj.get("name"), f"{kind} name"),
+        validate_uid(obj.get("uid")),
     )
 
 
@@ -287,16 +300,12 @@ def _jobset_event(
     outcome = JOBSET_TERMINAL_REASONS.get(reason)
     if outcome is None:
         raise Skip(f"JobSet event reason {clip(reason)} is not terminal")
-    api_version = obj.get("apiVersion", "")
-    if api_version and (not isinstance(api_version, str) or not api_version.startswith("jobset.x-k8s.io/")):
-        raise Skip(f"JobSet event for apiVersion {clip(api_version)}, not jobset.x-k8s.io")
-    if resource_type != "k8s_cluster":
-        raise Skip(f"JobSet event logged against resource type {clip(resource_type)}")
+    namespace, name, uid = _custom_resource_identity("JobSet", "jobset.x-k8s.io", obj, resource_type)
     return JobSetFinished(
         cluster=cluster,
-        namespace=validate_namespace(obj.get("namespace")),
-        name=validate_name(obj.get("name"), "JobSet name"),
-        uid=validate_uid(obj.get("uid")),
+        namespace=namespace,
+        name=name,
+        uid=uid,
         outcome=outcome,
         reason=reason,
         timestamp=_entry_time(entry, payload),
