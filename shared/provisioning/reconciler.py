@@ -29,6 +29,7 @@ from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
 from shared.provisioning.requests import managed_chips
+from shared.tpu import drift
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
 
@@ -99,6 +100,7 @@ class Reconciler:
         summary.offered = len(outcome.offered)
         summary.healed = sum(1 for p in failed if p.name in deleted_names)
         self._lift_stale_cordons(pools, deleted_names, now, summary)
+        self._report_drift([p for p in healthy if p.name not in deleted_names])
 
         if not self.settings.drain:
             remaining = [p for p in pools if p.name not in deleted_names]
@@ -207,6 +209,21 @@ class Reconciler:
                 )
         except TransientError as exc:
             summary.errors.append(exc.why)
+
+    def _report_drift(self, pools: list[NodePoolInfo]) -> None:
+        # Reported, never acted on here: a pool is replaced for drift only when provision sees a
+        # pending pod of its slice (REPLACE_DRIFTED_POOLS), where the guard can tell it is unused.
+        for pool in pools:
+            found = drift.drift(pool, drift.expected_spec(self.settings, pool))
+            if found:
+                logs.decision(
+                    log,
+                    "reconcile.drift",
+                    f"node pool {pool.name} was built under other settings: {drift.summary(found)}",
+                    pool=pool.name,
+                    settings=[d.setting for d in found],
+                    replace=self.settings.replace_drifted_pools,
+                )
 
     def _heal_missed(self, pools: list[NodePoolInfo], just_deleted: set[str], summary: Summary) -> int:
         # Pools deleted in this sweep are still listed by GKE (STOPPING); a pod that needs the same

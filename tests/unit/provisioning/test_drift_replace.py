@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import logging
 from typing import Any
+
+import pytest
 
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
@@ -14,6 +17,7 @@ from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS, REPLACED, Outcome
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.reconciler import Reconciler
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_RUNNING
 
@@ -100,3 +104,22 @@ def test_a_pool_handed_to_another_jobset_is_not_replaced_for_drift(gke: FakeGke,
     outcome = provision(CHANGED.with_overrides(replace_drifted_pools=True), gke, kube, pod)
     assert outcome.result == EXISTS and "kept" in outcome.why
     assert gke.count("delete") == 0
+
+
+def test_the_sweep_reports_drift_and_never_replaces_on_its_own(
+    gke: FakeGke, kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, name, nodes = built_pool(gke, kube)
+    kube.pods.clear()  # no pending pod: nothing for provision to act on
+    settings = CHANGED.with_overrides(replace_drifted_pools=True)
+    with caplog.at_level(logging.INFO, logger="tpuprov.reconcile"):
+        Reconciler(settings, gke, kube).sweep()
+    assert gke.count("delete") == 0 and gke.managed_names(CLUSTER) == [name]
+    assert not any(kube.nodes[n]["spec"].get("unschedulable") for n in nodes)
+    drifted = [r for r in caplog.records if getattr(r, "fields", {}).get("event") == "reconcile.drift"]
+    assert [(r.getMessage(), r.fields["settings"]) for r in drifted] == [  # type: ignore[attr-defined]
+        (
+            f"node pool {name} was built under other settings: {DRIFT}",
+            ["NODE_SERVICE_ACCOUNT", "DISK_SIZE_GB"],
+        )
+    ]
