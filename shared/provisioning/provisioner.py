@@ -48,7 +48,7 @@ from shared.provisioning.requests import (
     pod_created_at,
     pod_ref,
 )
-from shared.tpu import capacity, catalog, drift, selectors
+from shared.tpu import capacity, catalog, selectors
 from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -171,20 +171,13 @@ class Provisioner:
         if existing is not None and misfit and existing.status not in (STATUS_ERROR, STATUS_STOPPING):
             self.known_pools.forget(spec.name)  # found by name, but the pod could never land on it
             return self.refit.handle(pod, request, existing, misfit, slice_desc)
-        drifted = drift.summary(drift.drift(existing, spec)) if existing is not None else ""
-        if existing is not None and drifted and self.settings.replace_drifted_pools:
-            replaced = self.refit.replace_drifted(pod, request, existing, drifted, slice_desc)
-            if replaced is not None:
-                self.known_pools.forget(spec.name)
-                return replaced
+        replaced, drifted = self.refit.for_drift(pod, request, existing, spec, slice_desc)
+        if replaced is not None:
+            self.known_pools.forget(spec.name)
+            return replaced
         if existing is not None:
             why = f"pool {spec.name} already exists ({existing.status})"
-            if drifted:
-                why += f"; built under other settings ({drifted}), " + (
-                    "kept: replaced only when RUNNING, its own and unoccupied"
-                    if self.settings.replace_drifted_pools
-                    else "reported only (REPLACE_DRIFTED_POOLS=false)"
-                )
+            why += drifted
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled:
                 self.known_pools.forget(spec.name)  # on its way out: the next event must list again

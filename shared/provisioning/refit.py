@@ -32,8 +32,9 @@ from shared.core.settings import Settings
 from shared.provisioning.guard import PoolGuard
 from shared.provisioning.outcomes import REFUSED, REPLACED, WAITING, Outcome, done
 from shared.provisioning.requests import jobset_ref, pod_ref
+from shared.tpu import drift
 from shared.tpu.jobsets import pod_jobset_value
-from shared.tpu.nodepools import STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR, NodePoolInfo
+from shared.tpu.nodepools import STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR, NodePoolInfo, NodePoolSpec
 from shared.tpu.slices import SliceRequest
 
 _TERMINAL = ("Succeeded", "Failed")
@@ -85,6 +86,28 @@ class Refit:
         return self._replaced(
             pod, request, pool, f"deleted node pool {pool.name} to build it again: {misfit}", slice_desc
         )
+
+    def for_drift(
+        self,
+        pod: dict[str, Any],
+        request: SliceRequest,
+        pool: NodePoolInfo | None,
+        spec: NodePoolSpec,
+        slice_desc: str,
+    ) -> tuple[Outcome | None, str]:
+        """For the slice's existing pool (if any) built under other settings than ``spec``'s: the
+        outcome of replacing it (REPLACE_DRIFTED_POOLS), or None and a note for the caller's line."""
+        drifted = drift.summary(drift.drift(pool, spec)) if pool is not None else ""
+        if pool is None or not drifted:
+            return None, ""
+        if not self.settings.replace_drifted_pools:
+            return (
+                None,
+                f"; built under other settings ({drifted}), reported only (REPLACE_DRIFTED_POOLS=false)",
+            )
+        replaced = self.replace_drifted(pod, request, pool, drifted, slice_desc)
+        note = f"; built under other settings ({drifted}), kept: replaced only when RUNNING, own and unused"
+        return replaced, "" if replaced is not None else note
 
     def replace_drifted(
         self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, drifted: str, slice_desc: str

@@ -88,7 +88,7 @@ def test_a_drifted_pool_a_jobset_pod_runs_on_is_kept_and_reported(gke: FakeGke, 
     assert (outcome.result, outcome.why) == (
         EXISTS,
         f"pool {name} already exists (RUNNING); built under other settings ({DRIFT}), "
-        "kept: replaced only when RUNNING, its own and unoccupied",
+        "kept: replaced only when RUNNING, own and unused",
     )
     assert gke.count("delete") == 0
     assert not any(kube.nodes[n]["spec"].get("unschedulable") for n in nodes)  # our cordon lifted
