@@ -28,7 +28,6 @@ from shared.tpu.nodepools import NodePoolInfo
 
 SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", create_concurrency=1)
 CLUSTER = SETTINGS.cluster_path
-NOW = datetime.datetime.now(tz=datetime.UTC)
 
 
 def submit(kube: FakeKube, replicas: int) -> list[dict]:
@@ -42,7 +41,10 @@ def submit(kube: FakeKube, replicas: int) -> list[dict]:
 
 def deliver(service: Provisioner, pod: dict) -> str:
     meta = pod["metadata"]
-    return service.handle_pending_pod(meta["namespace"], meta["name"], NOW).result
+    # The event is as fresh as the delivery: a time read at import would age past MAX_EVENT_AGE_SECONDS
+    # in a suite that runs longer than that before reaching this module.
+    now = datetime.datetime.now(tz=datetime.UTC)
+    return service.handle_pending_pod(meta["namespace"], meta["name"], now).result
 
 
 def refuse_create_number(gke: FakeGke, number: int, error: Exception) -> None:
