@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.cluster.nodes import FLEX_START, node_objects
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.kube.nodes import FLEX_START, node_manifests, pool_from_gke
 from sandbox.testing.clock import FakeClock
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core.errors import NotFoundError, RejectedError, TransientError
@@ -182,12 +182,12 @@ def test_flex_start_pool_runs_empty_then_gets_its_whole_slice(
     info = api.get_node_pool(CLUSTER, "flex")
     assert (info.status, info.flex_start, info.node_count) == ("RUNNING", True, 4)
     assert gke.pool_nodes(CLUSTER, "flex") == {}
-    assert [node_objects("regional", pool) for pool in ready] == [[]]
+    assert [node_manifests("regional", pool_from_gke(pool)) for pool in ready] == [[]]
 
     gke.set_capacity(ZONE_A, "flex-start", 16)
     gke.state.advance()  # the ticker's step
     assert gke.pool_nodes(CLUSTER, "flex") == {ZONE_A: 4}
-    nodes = node_objects("regional", ready[-1])
+    nodes = node_manifests("regional", pool_from_gke(ready[-1]))
     assert len(ready) == 2 and len(nodes) == 4
     assert {n["metadata"]["labels"][FLEX_START] for n in nodes} == {"true"}
     assert {n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes} == {ZONE_A}

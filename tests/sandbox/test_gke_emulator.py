@@ -18,8 +18,8 @@ import pytest
 from google.api_core import exceptions as core
 from google.cloud import container_v1 as gke
 
-from sandbox.cluster.nodes import node_objects
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.kube.nodes import node_manifests, pool_from_gke
 from sandbox.polling import eventually
 from sandbox.testing.clock import FakeClock
 from sandbox.testing.gke import make_pool, raw, rest_client
@@ -670,7 +670,7 @@ def test_node_count_is_per_zone(no_channel_emulator: GkeEmulator) -> None:
     pool.placement_policy = gke.NodePool.PlacementPolicy()
     create(rest_client(no_channel_emulator.url), pool, cluster=NO_CHANNEL_CLUSTER)
     [stored] = no_channel_emulator.pools(NO_CHANNEL_CLUSTER)
-    nodes = node_objects("no-channel", stored)
+    nodes = node_manifests("no-channel", pool_from_gke(stored))
     zones = [n["metadata"]["labels"]["topology.kubernetes.io/zone"] for n in nodes]
     assert zones == ["us-central2-b", "us-central2-c"]
 

@@ -17,15 +17,11 @@ from typing import Any
 import pytest
 from cloudevents.http import from_http
 
-from sandbox.cluster.affinity import PodPlacement
-from sandbox.cluster.controllers import exclusive_placement
-from sandbox.cluster.nodes import node_objects, single_host_topology
-from sandbox.cluster.scheduler import _unschedulable_message, selector_matches, tpu_request
 from sandbox.emulators.eventarc import EventarcRelay
 from sandbox.emulators.logging import entries as logentries
 from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
 from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
-from sandbox.jobsets import tpu_jobset
+from sandbox.kube.nodes import node_manifests, pool_from_gke
 from sandbox.stack.demo import is_routine
 from sandbox.stack.timeline import Timeline, TimelineEntry
 from sandbox.stack.wiring import (
@@ -37,7 +33,6 @@ from sandbox.stack.wiring import (
 )
 from shared.core import labels
 from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
-from shared.tpu.jobsets import expand_pods
 from tests.infra.hcl import module
 
 
@@ -213,35 +208,6 @@ def test_relay_counts_redeliveries_and_reports_an_unreachable_function(function:
 
 # -- scheduling and node rules --------------------------------------------------------------------
 
-_TPU_POD = {
-    "spec": {
-        "nodeSelector": {labels.TPU_ACCELERATOR: "tpu-v6e-slice", labels.TPU_TOPOLOGY: "2x2"},
-        "containers": [{"name": "c", "resources": {"limits": {labels.TPU_RESOURCE: "4"}}}],
-    }
-}
-
-
-@pytest.mark.parametrize(
-    ("node_labels", "matches"),
-    [
-        ({labels.TPU_ACCELERATOR: "tpu-v6e-slice", labels.TPU_TOPOLOGY: "2x2", "x": "y"}, True),
-        ({labels.TPU_ACCELERATOR: "tpu-v6e-slice", labels.TPU_TOPOLOGY: "4x4"}, False),
-        ({}, False),
-    ],
-    ids=["superset", "other-topology", "cpu-node"],
-)
-def test_selector_matching(node_labels: dict[str, str], matches: bool) -> None:
-    assert selector_matches(_TPU_POD, node_labels) is matches
-    assert tpu_request(_TPU_POD) == 4  # limits count when requests are omitted
-
-
-def test_unschedulable_message_reads_like_the_scheduler() -> None:
-    assert _unschedulable_message(3, 2, 1) == (
-        "0/3 nodes are available: 1 Insufficient google.com/tpu, 2 node(s) didn't match Pod's node "
-        "affinity/selector. preemption: 0/3 nodes are available: 1 No preemption victims found for "
-        "incoming pod, 2 Preemption is not helpful for scheduling."
-    )
-
 
 @pytest.mark.parametrize(
     ("pool", "names", "topology", "chips"),
@@ -277,7 +243,7 @@ def test_unschedulable_message_reads_like_the_scheduler() -> None:
     ids=["v6e-single-host", "v6e-multi-host", "v5e-8-chips"],
 )
 def test_nodes_of_a_tpu_pool(pool: dict[str, Any], names: list[str], topology: str, chips: str) -> None:
-    nodes = node_objects("c", pool)
+    nodes = node_manifests("c", pool_from_gke(pool))
     assert [n["metadata"]["name"] for n in nodes] == names
     for node in nodes:
         node_labels = node["metadata"]["labels"]
@@ -286,13 +252,11 @@ def test_nodes_of_a_tpu_pool(pool: dict[str, Any], names: list[str], topology: s
         assert node["status"]["allocatable"][labels.TPU_RESOURCE] == chips
         for key, value in pool["config"].get("labels", {}).items():
             assert node_labels[key] == value
-    assert single_host_topology("tpu-v6e-slice", 8) == "2x4"
 
 
 def test_cpu_pool_nodes_have_no_tpu() -> None:
-    (node,) = node_objects(
-        "c", {"name": "default-pool", "config": {"machineType": "e2-standard-4"}, "initialNodeCount": 1}
-    )
+    cpu = {"name": "default-pool", "config": {"machineType": "e2-standard-4"}, "initialNodeCount": 1}
+    (node,) = node_manifests("c", pool_from_gke(cpu))
     assert labels.TPU_ACCELERATOR not in node["metadata"]["labels"]
     assert labels.TPU_RESOURCE not in node["status"]["allocatable"]
 
@@ -337,35 +301,6 @@ def test_child_ports_come_from_below_the_ephemeral_range() -> None:
     ports = free_ports(20)
     assert len(set(ports)) == 20
     assert all(port < low for port in ports), (low, ports)
-
-
-# -- exclusive placement --------------------------------------------------------------------------
-
-
-def _slice_pod(job_index: int, node: str = "") -> dict[str, Any]:
-    jobset = tpu_jobset("pair", replicas=2, topology="4x4", uid="u-1")
-    pod = next(p for p in expand_pods(jobset) if p["metadata"]["labels"][labels.JOB_INDEX] == str(job_index))
-    exclusive_placement(pod, labels.NODEPOOL)
-    if node:
-        pod["spec"]["nodeName"] = node
-        pod["status"] = {"phase": "Running"}
-    return pod
-
-
-def test_exclusive_placement_keeps_one_job_per_node_pool() -> None:
-    names = (("a-0", "pool-a"), ("a-1", "pool-a"), ("b-0", "pool-b"))
-    nodes: list[dict[str, Any]] = [
-        {"metadata": {"name": n, "labels": {labels.NODEPOOL: p}}} for n, p in names
-    ]
-    pool_a, pool_b = {labels.NODEPOOL: "pool-a"}, {labels.NODEPOOL: "pool-b"}
-    placement = PodPlacement(nodes, [_slice_pod(0, node="a-0")])
-
-    assert placement.violation(_slice_pod(0), pool_a) == ""  # joins its own job
-    assert placement.violation(_slice_pod(0), pool_b) == "affinity"  # may not split the slice
-    assert placement.violation(_slice_pod(1), pool_a) == "anti-affinity"  # another job's pool
-    assert placement.violation(_slice_pod(1), pool_b) == ""
-    # The first pod of a job may go to any pool nobody else holds.
-    assert PodPlacement(nodes, []).violation(_slice_pod(1), pool_a) == ""
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
-"""The real cluster's Nodes of a GKE pool are the ones the stand-in cluster registers today.
+"""The Nodes a GKE pool registers in the real API server: names, GKE's labels, provider ID, capacity.
 
-``sandbox.kube.nodes`` (for the real API server) and ``sandbox.cluster.nodes`` (the stand-in) must
-give a pool the same Nodes: names, GKE's labels, provider ID and TPU capacity. Only readiness
-differs: the real cluster's Nodes register without conditions and KWOK makes them Ready.
+Readiness is not here: the Nodes register without conditions and KWOK makes them Ready.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from sandbox.cluster.nodes import node_objects
 from sandbox.emulators.gke.hooks import NODES_KEY
 from sandbox.kube.nodes import node_manifests, pool_from_gke
 
@@ -63,23 +60,70 @@ POOLS: dict[str, dict[str, Any]] = {
 }
 
 
+SPOT_TEAM = {"cloud.google.com/gke-spot": "true", "team": "research"}
+RESERVATION = {
+    "cloud.google.com/reservation-name": "v5e-res",
+    "cloud.google.com/reservation-project": "owner-project",
+}
+FLEX = {"cloud.google.com/gke-flex-start": "true"}
+SPECIFIC_KEYS = {*SPOT_TEAM, *RESERVATION, *FLEX}
+
+
 def _policy_topology(name: str) -> str:
     return {"wp-2x2x2": "2x2x2"}[name]
 
 
-def _comparable(node: dict[str, Any]) -> dict[str, Any]:
-    status = node["status"]
-    return {
-        "metadata": node["metadata"],
-        "spec": node["spec"],
-        "capacity": status["capacity"],
-        "allocatable": status["allocatable"],
-    }
+ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+ZONE = "topology.kubernetes.io/zone"
+
+# What GKE gives each pool's Nodes: (name, zone, accelerator, topology, google.com/tpu, max pods,
+# the pool-specific labels). A CPU Node has no TPU labels and no google.com/tpu capacity.
+EXPECTED: dict[str, list[tuple[str, str, str, str, str, str, dict[str, str]]]] = {
+    "np-a": [
+        (f"gke-demo-np-a-{i}", "us-east5-b", "tpu-v6e-slice", "4x4", "4", "110", SPOT_TEAM) for i in range(4)
+    ],
+    "np-b": [("gke-demo-np-b-0", "us-west4-a", "tpu-v5-lite-podslice", "2x2", "4", "32", RESERVATION)],
+    "np-c": [
+        (f"gke-demo-np-c-{i}", "us-east5-c", "tpu-v6e-slice", "2x4", "4", "110", FLEX) for i in range(2)
+    ],
+    "np-d": [],
+    "np-e": [(f"gke-demo-np-e-{i}", "us-central1-c", "tpu7x", "2x2x2", "4", "110", {}) for i in range(2)],
+    "default-pool": [(f"gke-demo-default-pool-{i}", "", "", "", "", "110", {}) for i in range(2)],
+}
+
+
+def _view(node: dict[str, Any]) -> tuple[str, str, str, str, str, str, dict[str, str]]:
+    labels = dict(node["metadata"]["labels"])
+    specific = {k: labels[k] for k in labels if k in SPECIFIC_KEYS}
+    return (
+        node["metadata"]["name"],
+        labels.get(ZONE, ""),
+        labels.get(ACCELERATOR, ""),
+        labels.get(TOPOLOGY, ""),
+        node["status"]["capacity"].get("google.com/tpu", ""),
+        node["status"]["capacity"]["pods"],
+        specific,
+    )
 
 
 @pytest.mark.parametrize("pool", POOLS.values(), ids=POOLS.keys())
-def test_a_pool_gets_the_nodes_the_stand_in_gives_it(pool: dict[str, Any]) -> None:
+def test_a_pool_gets_the_nodes_gke_gives_it(pool: dict[str, Any]) -> None:
     real = node_manifests("demo", pool_from_gke(pool, _policy_topology))
-    stand_in = node_objects("demo", pool, _policy_topology)
-    assert [_comparable(n) for n in real] == [_comparable(n) for n in stand_in]
+    assert [_view(n) for n in real] == EXPECTED[pool["name"]]
+    for node in real:
+        labels = node["metadata"]["labels"]
+        assert labels["cloud.google.com/gke-nodepool"] == pool["name"]
+        assert labels["node.kubernetes.io/instance-type"] == pool["config"]["machineType"]
+        assert labels["kubernetes.io/hostname"] == node["metadata"]["name"]
+        assert node["status"]["allocatable"] == node["status"]["capacity"]
+        zone = labels.get(ZONE)
+        assert node["spec"]["providerID"] == f"gce://sandbox/{zone or 'zone'}/{node['metadata']['name']}"
+        if zone:
+            assert labels["topology.kubernetes.io/region"] == zone.rsplit("-", 1)[0]
+        if ACCELERATOR in labels:
+            assert (
+                labels["cloud.google.com/gke-accelerator-count"]
+                == node["status"]["capacity"]["google.com/tpu"]
+            )
     assert all("conditions" not in n["status"] for n in real)  # KWOK's node-ready Stage sets them

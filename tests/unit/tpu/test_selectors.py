@@ -310,12 +310,12 @@ def test_predicted_node_labels_are_the_simulated_nodes_labels(extra):
     from google.cloud import container_v1
     from google.protobuf import json_format
 
-    from sandbox.cluster.nodes import node_objects
+    from sandbox.kube.nodes import node_manifests, pool_from_gke
     from shared.cloud.gke import spec_to_node_pool
 
     _, spec, shape = _built(accelerator="tpu-v5p-slice", topology="2x2x2", selectors=extra)
     sent = json_format.MessageToDict(container_v1.NodePool.pb(spec_to_node_pool(spec)))
-    for node in node_objects("c", sent):
+    for node in node_manifests("c", pool_from_gke(sent)):
         found = dict(node["metadata"]["labels"])
         found.pop("kubernetes.io/hostname")
         assert found == selectors.spec_node_labels(spec, shape.topology)
