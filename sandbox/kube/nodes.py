@@ -3,10 +3,8 @@
 GKE registers one Node per VM of a pool (``gke-<cluster>-<pool>-<i>``) with its labels: the node
 pool, the TPU accelerator, chip count and topology, zone and region, Spot/flex-start, the
 reservation it consumes and the pool's own node labels, and ``google.com/tpu`` capacity of the
-chips on one VM. These are the Nodes ``sandbox/cluster/nodes.py`` gives the stand-in cluster
-(``tests/sandbox/real/test_pool_nodes.py`` holds the two to the same shape until the stand-in goes),
-except that here a Node is created without conditions, as a kubelet registers it: KWOK's
-``node-ready`` Stage is what makes it Ready. Deleting a pool deletes its Nodes; what becomes of the
+chips on one VM (``tests/sandbox/real/test_pool_nodes.py`` states them per pool). A Node is
+created without conditions, as a kubelet registers it: KWOK's ``node-ready`` Stage makes it Ready. Deleting a pool deletes its Nodes; what becomes of the
 pods bound to them is the real controller manager's pod GC.
 """
 

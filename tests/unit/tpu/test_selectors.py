@@ -304,8 +304,8 @@ def test_a_single_host_pool_lists_no_topology_and_is_not_a_misfit_for_it():
     ],
     ids=["spot", "shared-reservation", "hint-and-zone"],
 )
-def test_predicted_node_labels_are_the_simulated_nodes_labels(extra):
-    # The simulated cluster labels Nodes from the pool GKE reports (sandbox.cluster.nodes); what the
+def test_predicted_node_labels_are_the_registered_nodes_labels(extra):
+    # The sandbox registers Nodes from the pool GKE reports (sandbox.kube.nodes); what the
     # product predicts for the pool it sends must be exactly that, or a pod could pend on it.
     from google.cloud import container_v1
     from google.protobuf import json_format
