@@ -27,7 +27,8 @@ from typing import Any
 from sandbox.jobsets import tpu_jobset
 from sandbox.stack.config import StackConfig
 from sandbox.stack.core import Stack
-from sandbox.testing.stack import FAST, apply_kueue, pods_killed, queued
+from sandbox.stack.kueue import apply_kueue
+from sandbox.testing.stack import FAST, pods_killed, queued
 from shared.core import labels
 
 NAMESPACE = "default"

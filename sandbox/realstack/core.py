@@ -51,6 +51,8 @@ from sandbox.stack.timeline import Timeline
 from sandbox.stack.wiring import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
 from shared.core import labels
 from shared.events.fields import ClusterId
+from shared.kueue.config import load_config, parse_config
+from shared.kueue.render import KUEUE_API, render
 
 T = TypeVar("T")
 JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
@@ -302,9 +304,33 @@ class RealStack:
             if ((p.get("config") or {}).get("labels") or {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
         ]
 
-    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
-        items = self.kube_cluster.client().list("/api/v1/events")
-        return [e for e in items if reason is None or e.get("reason") == reason]
+    def events(self, reason: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Events in the API server (one namespace's, or all), optionally of one reason."""
+        selector = f"reason={reason}" if reason is not None else ""
+        return self.kube_cluster.client().list(collection("v1", "events", namespace), field_selector=selector)
+
+    def publish_entry(self, function: str, entry: Mapping[str, Any]) -> str:
+        """Publish a LogEntry to ``function``'s topic as a sink would; returns the message id."""
+        if self.router is None:
+            raise RuntimeError("the stack is not started")
+        return self.router.publish(wiring(function).topic(TOPIC_PREFIX), entry)
+
+    def apply_kueue(self, text: str | None = None, timeout: float = 60.0) -> None:
+        """Publish a queue configuration (the packaged default when None) to apply_kueue's topic, as
+        an operator does, and wait until its ClusterQueues exist."""
+        config = parse_config(text) if text is not None else load_config()
+        topic = self.publisher.topic_path(self.config.project, wiring("apply_kueue").topic(TOPIC_PREFIX))
+        self.publisher.publish(topic, (text or "").encode()).result(timeout=30)
+        self.timeline.add("user", "published a Kueue configuration to apply_kueue's topic")
+        api = self.kube_cluster.client()
+        queues = [str(o["metadata"]["name"]) for o in render(config) if o["kind"] == "ClusterQueue"]
+        path = collection(KUEUE_API, "clusterqueues", None)
+        self.wait_for(lambda: all(api.get(f"{path}/{q}") for q in queues), timeout, "the Kueue queues")
+
+    def killed_pods(self) -> list[str]:
+        """Pods a pool deletion killed, read from the real pods (``PodFates``)."""
+        assert self.pods is not None, "the stack is not started"
+        return self.pods.killed()
 
     def decisions(self, event: str | None = None, function: str | None = None) -> list[dict[str, Any]]:
         with self._lock:

@@ -370,6 +370,10 @@ class Stack:
             and (function is None or r.get("function") == function)
         ]
 
+    def killed_pods(self) -> list[str]:
+        """Pods a pool deletion killed (``SimContext.pods_killed``)."""
+        return list(self.ctx.pods_killed)
+
     def publish_entry(self, function: str, entry: Mapping[str, Any]) -> str:
         """Publish a LogEntry to ``function``'s topic as a sink would; returns the message id."""
         if self.router is None:

@@ -1,38 +1,117 @@
-"""Helpers for scenario tests on a running ``Stack``: fast settings, submission and the end checks.
+"""Helpers for scenario tests on a running stack: fast settings, submission and the end checks.
 
 The checks every scenario makes are in one place so that each test states only what is special
 about it: exactly one successful create per slice, no pool left once the JobSet is over, and the
 product's Events recorded in the Kubernetes API.
+
+They read a stack through ``ScenarioStack``, which the real stack (``RealStack``: the real API
+server, scheduler, controller manager, JobSet, Kueue and KWOK) provides; the stand-in ``Stack``
+still provides it too while its last scenarios move over.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
-from sandbox.cluster.kueue_objects import KUEUE_API, PRIORITY_CLASS_LABEL, QUEUE_NAME_LABEL, workload_name
+from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.jobsets import tpu_jobset
-from sandbox.stack.config import StackConfig
-from sandbox.stack.core import Stack
-from sandbox.stack.kueue import apply_kueue as apply_kueue  # re-exported for scenario tests
+from sandbox.realstack.core import RealStack
+from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from sandbox.stack.wiring import RetryPolicy
 from shared.core import labels
 
+T = TypeVar("T")
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+
 # Same policy shape as infra (exponential, capped), scaled down so a redelivery takes a second.
 FAST_RETRY = RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4)
+# A stockout backoff of seconds, not minutes: 2, 4, 8, 8... (tests wait it out or walk through it).
+FAST_ENV = {"STOCKOUT_BACKOFF_SECONDS": "2", "STOCKOUT_BACKOFF_MAX_SECONDS": "8"}
+# The stand-in stack's settings (its simulated scheduler's backoffs and default pod run time).
 FAST = StackConfig(
     gke_op_delay=0.5,
     retry=FAST_RETRY,
     scheduler_initial_backoff=0.5,
     scheduler_max_backoff=2.0,
     default_run_seconds=1.0,
-    # A stockout backoff of seconds, not minutes: 2, 4, 8, 8... (tests wait it out or walk through it).
-    function_env={"STOCKOUT_BACKOFF_SECONDS": "2", "STOCKOUT_BACKOFF_MAX_SECONDS": "8"},
+    function_env=FAST_ENV,
 )
+# The real stack's: every function (setup_cluster installs JobSet and Kueue, apply_kueue the
+# queues), a preempted JobSet's pools up for release a second after Kueue suspends it (infra:
+# minutes), GKE operations of half a second. How long a pod runs is its template's
+# ``run-seconds`` annotation, played by KWOK.
+SUSPEND_GRACE = 1
+REAL_FAST = StackConfig(
+    functions=ALL_FUNCTIONS,
+    gke_op_delay=0.5,
+    retry=FAST_RETRY,
+    function_env={**FAST_ENV, "SUSPEND_GRACE_SECONDS": str(SUSPEND_GRACE)},
+)
+
+
+def real_config(**function_env: str) -> StackConfig:
+    """``REAL_FAST`` with some functions' settings changed (``CORDON_SETTLE_SECONDS="5"``...)."""
+    return dataclasses.replace(REAL_FAST, function_env={**REAL_FAST.function_env, **function_env})
+
+
+class KubeReader(Protocol):
+    """Reads of the Kubernetes API by group/version and plural (``v1`` is the core group)."""
+
+    def get(
+        self, api_version: str, plural: str, namespace: str | None, name: str, /
+    ) -> dict[str, Any] | None: ...
+
+    def list(
+        self, api_version: str, plural: str, namespace: str | None = None, label_selector: str = "", /
+    ) -> list[dict[str, Any]]: ...
+
+
+class ScenarioStack(Protocol):
+    """What the helpers read of a running stack."""
+
+    @property
+    def gke(self) -> GkeEmulator: ...
+
+    @property
+    def kube(self) -> KubeReader | None: ...
+
+    def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def jobset_state(self, namespace: str, name: str) -> str: ...
+
+    def managed_pools(self) -> list[dict[str, Any]]: ...
+
+    def events(self, reason: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]: ...
+
+    def decisions(self, event: str | None = None, function: str | None = None) -> list[dict[str, Any]]: ...
+
+    def killed_pods(self) -> list[str]: ...
+
+    def wait_for(
+        self, predicate: Callable[[], T], timeout: float, what: str = "", interval: float = ...
+    ) -> T: ...
+
+
+def kube(stack: ScenarioStack) -> KubeReader:
+    """The stack's Kubernetes reads (it must be running)."""
+    assert stack.kube is not None, "the stack is not started"
+    return stack.kube
+
+
+def apply_kueue(stack: RealStack, text: str | None = None, timeout: float = 60.0) -> None:
+    """Apply a queue configuration (the packaged default when None) through the product's
+    ``apply_kueue`` function, and wait until its ClusterQueues exist."""
+    stack.apply_kueue(text, timeout)
 
 
 def exclusive_tpu_jobset(name: str, **options: Any) -> dict[str, Any]:
@@ -67,28 +146,38 @@ def queued(jobset: Mapping[str, Any], queue: str = "multislice-queue", priority:
     return body
 
 
-def workload(stack: Stack, name: str, namespace: str = "default") -> dict[str, Any] | None:
-    """The Kueue Workload of JobSet ``namespace/name``, or None."""
+def workload(stack: ScenarioStack, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    """The Kueue Workload of JobSet ``namespace/name`` (the one its controller owner names), or None."""
     jobset = stack.jobset(namespace, name)
     if jobset is None:
         return None
-    return stack.kube.get(KUEUE_API, "workloads", namespace, workload_name(jobset))
+    uid = jobset["metadata"]["uid"]
+    for found in kube(stack).list(KUEUE_API, "workloads", namespace):
+        owners = (found.get("metadata") or {}).get("ownerReferences") or []
+        if any(o.get("uid") == uid and o.get("kind") == "JobSet" for o in owners):
+            return found
+    return None
 
 
-def admitted(stack: Stack, name: str, namespace: str = "default") -> bool:
-    """Whether Kueue let JobSet ``name`` run (it is unsuspended)."""
-    jobset = stack.jobset(namespace, name) or {}
-    return (jobset.get("spec") or {}).get("suspend") is False
+def condition(obj: Mapping[str, Any] | None, kind: str) -> bool:
+    """Whether the object's status carries condition ``kind`` with status True."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
 
 
-def submit(stack: Stack, jobset: Mapping[str, Any]) -> dict[str, Any]:
+def admitted(stack: ScenarioStack, name: str, namespace: str = "default") -> bool:
+    """Whether Kueue admitted JobSet ``name``'s Workload (its ``Admitted`` condition)."""
+    return condition(workload(stack, name, namespace), "Admitted")
+
+
+def submit(stack: ScenarioStack, jobset: Mapping[str, Any]) -> dict[str, Any]:
     """Submit a builder JobSet, letting the API assign the uid as it would for ``kubectl apply``."""
     body = copy.deepcopy(dict(jobset))
     body["metadata"].pop("uid", None)
     return stack.submit(body)
 
 
-def owned_pools(stack: Stack, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+def owned_pools(stack: ScenarioStack, name: str, namespace: str = "default") -> list[dict[str, Any]]:
     """Current pools whose ownership labels name JobSet ``namespace/name``."""
     result = []
     for pool in stack.managed_pools():
@@ -101,7 +190,7 @@ def owned_pools(stack: Stack, name: str, namespace: str = "default") -> list[dic
     return result
 
 
-def create_requests(stack: Stack, name: str) -> Counter[str]:
+def create_requests(stack: ScenarioStack, name: str) -> Counter[str]:
     """Create requests GKE received for the pools of JobSet ``name`` (by pool name)."""
     counts: Counter[str] = Counter()
     for call in stack.gke.calls:
@@ -113,7 +202,7 @@ def create_requests(stack: Stack, name: str) -> Counter[str]:
     return counts
 
 
-def created_decisions(stack: Stack, name: str) -> list[dict[str, Any]]:
+def created_decisions(stack: ScenarioStack, name: str) -> list[dict[str, Any]]:
     """The ``provision.created`` lines (creates GKE accepted) for JobSet ``name``'s pools, oldest first."""
     return [
         d
@@ -122,12 +211,14 @@ def created_decisions(stack: Stack, name: str) -> list[dict[str, Any]]:
     ]
 
 
-def successful_creates(stack: Stack, name: str) -> Counter[str]:
+def successful_creates(stack: ScenarioStack, name: str) -> Counter[str]:
     """Pools of JobSet ``name`` that a function created (``provision.created``), by pool name."""
     return Counter(str(d.get("pool")) for d in created_decisions(stack, name))
 
 
-def events_about(stack: Stack, reason: str, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+def events_about(
+    stack: ScenarioStack, reason: str, name: str, namespace: str = "default"
+) -> list[dict[str, Any]]:
     """Events of ``reason`` about JobSet ``name`` or one of its pods."""
     found = []
     for event in stack.events(reason, namespace):
@@ -138,7 +229,7 @@ def events_about(stack: Stack, reason: str, name: str, namespace: str = "default
     return found
 
 
-def wait_finished(stack: Stack, name: str, timeout: float = 30.0, namespace: str = "default") -> str:
+def wait_finished(stack: ScenarioStack, name: str, timeout: float = 30.0, namespace: str = "default") -> str:
     """Wait until the JobSet is Completed or Failed; returns which."""
     stack.wait_for(
         lambda: stack.jobset_state(namespace, name) in ("Completed", "Failed"),
@@ -148,7 +239,7 @@ def wait_finished(stack: Stack, name: str, timeout: float = 30.0, namespace: str
     return stack.jobset_state(namespace, name)
 
 
-def wait_released(stack: Stack, name: str, timeout: float = 20.0, namespace: str = "default") -> None:
+def wait_released(stack: ScenarioStack, name: str, timeout: float = 20.0, namespace: str = "default") -> None:
     """Wait until no pool of the JobSet is left and its Nodes are gone too.
 
     Waiting for the Nodes keeps the next scenario's pods off nodes that are about to disappear.
@@ -157,14 +248,14 @@ def wait_released(stack: Stack, name: str, timeout: float = 20.0, namespace: str
     def released() -> bool:
         if owned_pools(stack, name, namespace):
             return False
-        nodes = stack.kube.list("v1", "nodes", label_selector=f"{labels.OWNER_NAME}={name}")
+        nodes = kube(stack).list("v1", "nodes", None, f"{labels.OWNER_NAME}={name}")
         return not [n for n in nodes if n["metadata"]["labels"].get(labels.OWNER_NAMESPACE) == namespace]
 
     stack.wait_for(released, timeout, f"pools and nodes of {name} to be deleted")
 
 
 def assert_clean_run(
-    stack: Stack, name: str, slices: int, creates_per_pool: int = 1, released_event: bool = True
+    stack: ScenarioStack, name: str, slices: int, creates_per_pool: int = 1, released_event: bool = True
 ) -> None:
     """The checks of every scenario once its JobSet is over.
 
@@ -172,7 +263,6 @@ def assert_clean_run(
     scenario recycles a failed pool), none left, and the Requested/Released Events recorded (the
     Released one names every pool; ``released_event=False`` when the JobSet itself was deleted).
     """
-    assert stack.jobsets.errors == [] and stack.scheduler.errors == [], "a simulated controller failed"
     created = successful_creates(stack, name)
     assert len(created) == slices, f"pools created for {name}: {dict(created)}"
     assert set(created.values()) == {creates_per_pool}, f"successful creates per pool: {dict(created)}"
@@ -207,19 +297,20 @@ def assert_clean_run(
     assert released_pools() == set(created), f"released {released_pools()}, created {set(created)}"
 
 
-def pods_killed(stack: Stack, *names: str, namespace: str = "default") -> list[str]:
-    """Pods of the named JobSets that a pool deletion killed (``SimContext.pods_killed``)."""
+def pods_killed(stack: ScenarioStack, *names: str, namespace: str = "default") -> list[str]:
+    """Pods of the named JobSets that a pool deletion killed (on the real stack: failed by the pod
+    GC because their Node went, or still bound to a Node that is gone)."""
     prefixes = tuple(f"{namespace}/{name}-" for name in names)
-    return [pod for pod in stack.ctx.pods_killed if pod.startswith(prefixes)]
+    return [pod for pod in stack.killed_pods() if pod.startswith(prefixes)]
 
 
-def restarts(stack: Stack, name: str, namespace: str = "default") -> int:
+def restarts(stack: ScenarioStack, name: str, namespace: str = "default") -> int:
     """The JobSet's ``status.restarts`` (how many times its failurePolicy restarted it)."""
     jobset = stack.jobset(namespace, name) or {}
     return int((jobset.get("status") or {}).get("restarts") or 0)
 
 
-def gke_requests(stack: Stack, method: str, pool: str) -> int:
+def gke_requests(stack: ScenarioStack, method: str, pool: str) -> int:
     """How many ``method`` (create/delete) requests GKE received for node pool ``pool``."""
     count = 0
     for call in stack.gke.calls:
@@ -251,7 +342,7 @@ class PoolWatch:
     real overlap.
     """
 
-    def __init__(self, stack: Stack, interval: float = 0.05) -> None:
+    def __init__(self, stack: ScenarioStack, interval: float = 0.05) -> None:
         self.stack = stack
         self.interval = interval
         self.crowded: list[dict[str, list[str]]] = []

@@ -20,7 +20,8 @@ import pytest
 
 from sandbox.stack.core import Stack
 from sandbox.stack.demo_kueue import NAMESPACE, queued_jobset
-from sandbox.testing.stack import PoolWatch, admitted, apply_kueue, pods_killed, restarts
+from sandbox.stack.kueue import apply_kueue
+from sandbox.testing.stack import PoolWatch, admitted, pods_killed, restarts
 from shared.core import labels
 
 pytestmark = pytest.mark.integration

@@ -23,11 +23,11 @@ import pytest
 
 from sandbox.cluster.common import FAIL_UNTIL_ATTEMPT_ANNOTATION
 from sandbox.stack.core import Stack
+from sandbox.stack.kueue import apply_kueue
 from sandbox.testing.stack import (
     FAST,
     PoolWatch,
     admitted,
-    apply_kueue,
     events_about,
     exclusive_tpu_jobset,
     gke_requests,
