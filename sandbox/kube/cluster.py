@@ -6,7 +6,8 @@ free loopback ports with its files in one temp dir, and stops each by PID on exi
 serves TLS with a certificate from the cluster's own CA, authenticates static tokens (an admin in
 ``system:masters``, the control-plane components under their bootstrap identities, and one token per
 product function) and authorizes with Node and RBAC: each function gets exactly what its role in
-``infra/`` grants (``sandbox.kube.rbac``). It writes an audit log of JobSet deletions, as the
+``infra/`` grants (``sandbox.kube.rbac``), and a refusal names the IAM permission as GKE's does
+(``sandbox.kube.iam_reason``). It writes an audit log of JobSet deletions, as the
 sandbox's log router will read. ``kubeconfig`` is an admin kubeconfig for plain ``kubectl``.
 """
 
@@ -32,6 +33,7 @@ import yaml
 from sandbox.emulators.sockets import free_ports
 from sandbox.kube import build, kwok, netns, pki, rbac
 from sandbox.kube.api import KubeClient
+from sandbox.kube.iam_reason import IamReasonWebhook
 from sandbox.stack.processes import ManagedProcess, ProcessRegistry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,6 +113,7 @@ class RealCluster:
         self.kubeconfig = self.dir / "kubeconfig"
         self.audit_log = self.dir / "audit.log"
         self._ca: pki.CertificateAuthority | None = None
+        self._iam_webhook: IamReasonWebhook | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,6 +153,9 @@ class RealCluster:
     def stop(self) -> None:
         """Stop every process this cluster started (newest first), by PID; remove its temp dir."""
         self.registry.stop_all(grace=5.0)
+        if self._iam_webhook is not None:
+            self._iam_webhook.stop()
+            self._iam_webhook = None
         if self._own_dir and not os.environ.get("TPUPROV_KEEP_KUBE_DIR"):
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -257,7 +263,7 @@ class RealCluster:
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self._ca.cert_path}",
                 f"--token-auth-file={tokens}",
-                "--authorization-mode=Node,RBAC",
+                f"--authorization-config={self._authorization_config()}",
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -271,6 +277,15 @@ class RealCluster:
         self.server = f"https://127.0.0.1:{port}"
         context = ssl.create_default_context(cadata=self.ca_pem.decode())
         self.wait_url(f"{self.server}/readyz", proc, self.identities[ADMIN].token, context)
+
+    def _authorization_config(self) -> Path:
+        """Node, RBAC, then GKE's IAM reason for what RBAC refused a function (``iam_reason``)."""
+        assert self._ca is not None
+        if self._iam_webhook is None:
+            cert = self._ca.issue("iam-webhook")
+            self._iam_webhook = IamReasonWebhook(self.dir, cert.cert, cert.key, self.ca_pem)
+            return self._iam_webhook.start()
+        return self.dir / "authorization-config.yaml"
 
     def write_kubeconfig(self, name: str, token: str) -> Path:
         """A kubeconfig for this cluster authenticating with ``token`` (``kubeconfig-<name>``)."""

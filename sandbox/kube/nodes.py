@@ -4,8 +4,9 @@ GKE registers one Node per VM of a pool (``gke-<cluster>-<pool>-<i>``) with its 
 pool, the TPU accelerator, chip count and topology, zone and region, Spot/flex-start, the
 reservation it consumes and the pool's own node labels, and ``google.com/tpu`` capacity of the
 chips on one VM (``tests/sandbox/real/test_pool_nodes.py`` states them per pool). A Node is
-created without conditions, as a kubelet registers it: KWOK's ``node-ready`` Stage makes it Ready. Deleting a pool deletes its Nodes; what becomes of the
-pods bound to them is the real controller manager's pod GC.
+created without conditions, as a kubelet registers it: KWOK's ``node-ready`` Stage makes it Ready.
+Deleting a pool deletes its Nodes; what becomes of the pods bound to them is the real controller
+manager's pod GC.
 """
 
 from __future__ import annotations

@@ -95,6 +95,23 @@ def rules_for(permissions: Iterable[str], custom_groups: Sequence[str] = CUSTOM_
     return [Rule(groups, (plural,), tuple(sorted(verbs))) for (groups, plural), verbs in ordered]
 
 
+def permission_for(verb: str, group: str, resource: str, subresource: str = "") -> str:
+    """The IAM permission GKE checks for one Kubernetes request: the inverse of ``rules_for``
+    ("" for a request no ``container.*`` permission covers, e.g. a pod's log)."""
+    plain = "delete" if verb == "deletecollection" else next((i for i, v in VERBS.items() if verb in v), "")
+    if group in CUSTOM_GROUPS:  # every custom resource and its subresources: thirdPartyObjects
+        return f"container.{THIRD_PARTY}.{plain}" if plain else ""
+    iam_verb = plain
+    if subresource == "status":
+        iam_verb = next((i for i, v in STATUS_VERBS.items() if verb in v), "")
+    elif subresource:
+        return ""
+    name = next(
+        (i for i, (groups, plural) in RESOURCES.items() if group in groups and plural == resource), ""
+    )
+    return f"container.{name}.{iam_verb}" if name and iam_verb else ""
+
+
 def user_name(function: str) -> str:
     """The identity a function authenticates as: its runtime service account, as on GKE."""
     return f"tpuprov-{function.replace('_', '-')}@sandbox.iam.gserviceaccount.com"

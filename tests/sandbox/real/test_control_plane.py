@@ -19,6 +19,7 @@ from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
 from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT, RUN_SECONDS
 from sandbox.kube.nodes import PoolNodes, delete_pool_nodes, ready, register_pool_nodes
+from shared.cloud.permissions import denied_permission
 from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -205,6 +206,9 @@ def test_a_function_gets_the_real_403_for_what_its_role_lacks_and_only_that(clus
         release.delete(f"{PODS}/trainer-ok")  # no container.pods.delete in any function's role
     assert refused.value.status == 403
     assert f'User "{rbac.user_name("release")}" cannot delete resource "pods"' in refused.value.message
+    # GKE's IAM authorizer completes the refusal with the permission; the product logs it by name.
+    assert refused.value.message.endswith(': requires one of ["container.pods.delete"] permission(s).')
+    assert denied_permission(refused.value.message) == "container.pods.delete"
 
     admin = cluster.client()
     reduced = [p for p in role if p != "container.pods.list"]
@@ -220,6 +224,7 @@ def test_a_function_gets_the_real_403_for_what_its_role_lacks_and_only_that(clus
 
         error = eventually(refused_now, 10, "403 after removing container.pods.list", cluster)
         assert 'cannot list resource "pods"' in error.message
+        assert denied_permission(error.message) == "container.pods.list"
     finally:
         admin.apply_all(rbac.objects_for("release", role))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.kube import rbac
+from sandbox.kube import iam_reason, rbac
 from tests.paths import REPO
 
 
@@ -54,3 +54,28 @@ def test_every_function_role_in_infra_translates_and_setup_cluster_is_cluster_ad
     roles_by_name = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
     provision = roles_by_name[rbac.role_name("provision")]["rules"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in provision
+
+
+def test_every_request_a_role_grants_maps_back_to_that_permission() -> None:
+    """The IAM reason of a refusal (``sandbox.kube.iam_reason``) names the permission whose RBAC rule
+    would have allowed the request: ``permission_for`` inverts ``rules_for`` for every permission
+    any function's role holds."""
+    roles = rbac.load_roles(REPO / "infra")
+    permissions = {p for granted in roles.values() for p in granted if not p.startswith(rbac.NOT_KUBERNETES)}
+    assert permissions
+    for permission in sorted(permissions):
+        (rule,) = rbac.rules_for([permission], custom_groups=("jobset.x-k8s.io",))
+        for group in rule.api_groups:
+            for resource in rule.resources:
+                plural, _, subresource = resource.partition("/")
+                for verb in rule.verbs:
+                    name = "jobsets" if plural == "*" else plural
+                    assert rbac.permission_for(verb, group, name, subresource) == permission, (verb, resource)
+
+
+def test_a_request_no_permission_covers_gets_no_iam_reason() -> None:
+    review = {"spec": {"resourceAttributes": {"verb": "get", "resource": "pods", "subresource": "log"}}}
+    assert iam_reason.reason(review) == ""
+    assert iam_reason.reason({"spec": {"nonResourceAttributes": {"path": "/healthz", "verb": "get"}}}) == ""
+    patch = {"spec": {"resourceAttributes": {"verb": "patch", "group": "", "resource": "nodes"}}}
+    assert iam_reason.reason(patch) == 'requires one of ["container.nodes.update"] permission(s).'
