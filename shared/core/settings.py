@@ -136,9 +136,15 @@ class Settings:
     replace_drifted_pools: bool = False
 
     # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
-    # operations per cluster at once and answers 429/400 beyond it; creates of one replicated job
-    # are sent this many at a time, and stop at the first such answer (redelivery continues).
+    # operations per cluster at once and answers 429/400 beyond it. A fan-out sends this many creates
+    # at once first, widens while GKE accepts them (up to CREATE_CONCURRENCY_MAX), narrows and stops
+    # at the first such answer (redelivery continues); shared.provisioning.slots keeps the account.
     create_concurrency: int = 8
+    # The widest a fan-out grows: threads and HTTP connections of one instance.
+    create_concurrency_max: int = 64
+    # GKE API requests per minute this deployment may spend (the project's quota of the Kubernetes
+    # Engine API is 3000 a minute by default); creates are paced so that no 60 s window holds more.
+    gke_requests_per_minute: int = 3000
     # No new GKE create starts after this many seconds of a delivery; must stay below the provision
     # service's Cloud Run timeout (60 s in infra/main.tf) minus one GKE call (8 s).
     request_deadline_seconds: int = 45
@@ -238,7 +244,13 @@ class Settings:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"
             )
-        for name in ("create_concurrency", "request_deadline_seconds", "kube_list_page_size"):
+        for name in (
+            "create_concurrency",
+            "create_concurrency_max",
+            "gke_requests_per_minute",
+            "request_deadline_seconds",
+            "kube_list_page_size",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
 

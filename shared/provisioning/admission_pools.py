@@ -14,7 +14,6 @@ from shared.core import labels
 from shared.core.errors import (
     AlreadyExistsError,
     NotFoundError,
-    OperationLimitError,
     Refused,
     TransientError,
 )
@@ -22,7 +21,6 @@ from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
 from shared.provisioning.fallback import Attempts, Fallback
-from shared.provisioning.fanout import fan_out
 from shared.provisioning.guard import MANAGED_NODES
 from shared.provisioning.occupancy import Occupant, Verdict, pool_shape, spec_shape
 from shared.provisioning.policies import WorkloadPolicies
@@ -73,7 +71,8 @@ class SlicePools:
         self.fallback = fallback
         self.cluster = cluster
         self.policies = policies
-        self.operation_limit: int | None = settings.gke_operation_limit or None
+        # The admission path's account of GKE's operation slots and API quota (a hint, as provision's).
+        self.slots = slots.Slots(settings, gke, kube)
 
     def states(
         self, jobset: dict[str, Any], slices: list[WorkloadSlice], pools: Mapping[str, NodePoolInfo]
@@ -242,7 +241,7 @@ class SlicePools:
                 return (), decide([], f"{request.slice_id.describe()}: {exc.why}")
             wanted.append(Create(request, spec, request.slice_id.describe()))
             shapes[spec.name] = shape
-        free = slots.free(self.operation_limit, pools)
+        free = self.slots.free(pools)
         sendable = wanted if free is None else wanted[:free]
 
         def send(item: Create) -> None:
@@ -252,7 +251,7 @@ class SlicePools:
             self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
 
         budget = Budget(self.settings.request_deadline_seconds)
-        result = fan_out(sendable, send, self.settings.create_concurrency, budget)
+        result = self.slots.send_all(sendable, send, budget, slots.busy(pools))
         created: list[str] = []
         refused: list[str] = []  # capacity refused with no fallback left: the slice backs off
         rejected: list[str] = []  # GKE will never build it as asked
@@ -268,8 +267,6 @@ class SlicePools:
             if error is None:
                 created.append(sent.spec.name)
             elif isinstance(error, TransientError | AlreadyExistsError):
-                if isinstance(error, OperationLimitError):  # GKE names its limit: send no more than it
-                    self.operation_limit = slots.stated_quota(error.why) or self.operation_limit
                 continue  # made already, or a 429/busy answer: the next finished operation sends it
             else:
                 rejected.append(f"GKE rejected pool {sent.spec.name}: {error.why}")

@@ -22,7 +22,6 @@ from shared.core.errors import (
     AlreadyExistsError,
     NotEligible,
     NotFoundError,
-    OperationLimitError,
     Refused,
     RejectedError,
     TransientError,
@@ -30,7 +29,6 @@ from shared.core.errors import (
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
-from shared.provisioning.fanout import fan_out
 from shared.provisioning.handover import Handover
 from shared.provisioning.known import KnownPools, group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, done
@@ -90,8 +88,8 @@ class Provisioner:
         self.refit = Refit(settings, gke, kube)
         self.handover = Handover(settings, gke, kube)
         self._cluster: ClusterInfo | None = None
-        # The operation quota as configured, or as GKE last stated it (instance-local: only a hint).
-        self.operation_limit: int | None = settings.gke_operation_limit or None
+        # GKE's operation slots and API quota: what this instance learnt (only a hint) and resume.
+        self.slots = slots.Slots(settings, gke, kube, self.known_pools, self.provision_pod, clock=clock)
 
     def cluster(self) -> ClusterInfo:
         """The managed cluster (zones, release channel), read from GKE once per instance."""
@@ -298,7 +296,7 @@ class Provisioner:
                 self.policies.ensure_for(item.spec, why)
             self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
 
-        result = fan_out(sendable, send, self.settings.create_concurrency, budget)
+        result = self.slots.send_all(sendable, send, budget, slots.busy(pools))
         failures: list[TransientError] = []
         for item, error in result.sent:
             refusal = backoff.refused_capacity(error) if error is not None else ""
@@ -309,7 +307,6 @@ class Provisioner:
                 continue
             if isinstance(error, TransientError):
                 failures.append(error)
-                self._learn_limit(error)
                 continue
             outcomes[item.spec.name] = self._created(pod, item, shape, pools, error, jobset)
         created = [
@@ -398,17 +395,18 @@ class Provisioner:
 
     # -- GKE's operation slots -----------------------------------------------------------------------
 
-    def free_slots(self, pools: list[NodePoolInfo]) -> int | None:
-        """Operation slots free by the listing, None while the cluster's quota is unknown."""
-        return slots.free(self.operation_limit, pools)
+    @property
+    def operation_limit(self) -> int | None:
+        """The cluster's operation limit as configured, stated by GKE or learnt (None: unknown)."""
+        return self.slots.operation_limit
 
-    def _learn_limit(self, error: TransientError) -> None:
-        if isinstance(error, OperationLimitError):
-            self.operation_limit = slots.stated_quota(error.why) or self.operation_limit
+    def free_slots(self, pools: list[NodePoolInfo]) -> int | None:
+        """Creates GKE may accept by the listing, None while the cluster's limit is unknown."""
+        return self.slots.free(pools)
 
     def resume(self, pool: str = "") -> list[str]:
         """A node-pool operation (on ``pool``) finished: report failures, request waiting slices."""
-        return slots.resume(self, pool)
+        return self.slots.resume(pool)
 
     # -- helpers ----------------------------------------------------------------------------------
 
