@@ -38,6 +38,7 @@ from google.protobuf import json_format
 from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.emulators.gke.faults import KINDS, Faults
 from sandbox.emulators.gke.hooks import PoolDeletedHook, PoolReadyHook
+from sandbox.emulators.gke.quota import RequestQuota
 from sandbox.emulators.gke.rules import ApiError, invalid
 from sandbox.emulators.gke.state import ClusterSeed, GkeState
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
@@ -80,6 +81,7 @@ class GkeEmulator:
         self.capacity = CapacityModel(clock)
         self.state = GkeState(list(clusters or []), op_delay=op_delay, clock=clock, capacity=self.capacity)
         self.faults = Faults()
+        self.quota = RequestQuota(clock)  # GKE's default 3000 requests a minute per project
         self.latency = Latency()
         self.in_flight = InFlight()
         self._host, self._port = host, port
@@ -174,6 +176,10 @@ class GkeEmulator:
     def set_op_durations(self, duration: Duration | None) -> None:
         """Operations started from now on take ``duration`` (seconds or a draw per operation)."""
         self.state.set_op_durations(None if duration is None else as_draw(duration))
+
+    def set_request_quota(self, per_minute: int) -> None:
+        """API requests a minute per project before GKE's 429 RESOURCE_EXHAUSTED (0: no quota)."""
+        self.quota.set(per_minute)
 
     def running_operations(self, cluster_path: str) -> int:
         """Operations of the cluster not DONE yet."""
@@ -289,6 +295,11 @@ class GkeEmulator:
         request.kind = kind
         with self._calls_lock:
             self._calls.append(Call(kind, path, summarize(kind, body)))
+        try:  # every method counts against the project's quota, reads as much as mutations
+            self.quota.admit(path.split("/projects/", 1)[-1].split("/", 1)[0])
+        except ApiError as err:
+            self._send_error(request, err)
+            return
         self.in_flight.enter(kind)
         try:
             latency = self.latency.draw(kind)
