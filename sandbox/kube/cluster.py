@@ -142,6 +142,7 @@ class RealCluster:
         self._ca = pki.CertificateAuthority(self.dir)
         etcd_port, peer_port, api_port, kcm_port, sched_port, kwok_port = free_ports(6)
         self._start_etcd(etcd_port, peer_port)
+        self._api_ports = (api_port, etcd_port)
         self._start_apiserver(api_port, etcd_port)
         self._write_kubeconfigs()
         self.client().apply_all(rbac.all_objects(self.roles))
@@ -158,6 +159,14 @@ class RealCluster:
             self._iam_webhook = None
         if self._own_dir and not os.environ.get("TPUPROV_KEEP_KUBE_DIR"):
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stop_apiserver(self) -> None:
+        """Stop the API server alone, by PID: an outage every client meets as a refused connection."""
+        self.procs["kube-apiserver"].stop(grace=5.0)
+
+    def start_apiserver(self) -> None:
+        """Start the API server again on its port after ``stop_apiserver``; wait until it is ready."""
+        self._start_apiserver(*self._api_ports)
 
     # -- clients -------------------------------------------------------------------------------
 

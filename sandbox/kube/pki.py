@@ -124,8 +124,12 @@ def service_account_keys(directory: Path) -> CertPair:
 
     Returned as a ``CertPair`` whose ``cert`` is the PEM public key.
     """
-    key = _key()
     pair = CertPair(directory / "sa.pub", directory / "sa.key")
+    if pair.key.exists() and pair.cert.exists():
+        # An API server started again must still accept the tokens issued under this key (the
+        # controller manager's controllers hold them).
+        return pair
+    key = _key()
     _write_key(key, pair.key)
     pair.cert.write_bytes(
         key.public_key().public_bytes(
