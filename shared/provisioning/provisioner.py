@@ -282,7 +282,7 @@ class Provisioner:
             # No point asking GKE for more operations than it runs at once: the rest waits for a
             # finished operation (its audit entry resumes provisioning) instead of collecting 429s.
             why = (
-                f"waiting for a GKE operation slot: {self.operation_limit - free} of "
+                f"waiting for a GKE operation slot: {slots.busy(pools)} of "
                 f"{self.operation_limit} in use; a finished node-pool operation resumes it"
             )
             for item in sendable[free:]:

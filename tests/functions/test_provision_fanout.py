@@ -53,14 +53,18 @@ def managed(world):
     ]
 
 
-def test_creates_of_a_group_are_sent_concurrently_up_to_the_setting(world):
-    fn = configure(world, create_concurrency=3)
+@pytest.mark.parametrize(("widest", "in_flight"), [(64, 6), (4, 4)])
+def test_creates_of_a_group_go_in_rounds_from_the_setting_doubling_while_gke_accepts(
+    world, widest, in_flight
+):
+    fn = configure(world, create_concurrency=3, create_concurrency_max=widest)
     pods = submit(world, replicas=9)
     world.gke.set_latency(0.2, ("create",))
     response = fn.post_entry(pending_event(pods[0]))
     assert response.status_code == 200, response.data
     assert world.gke.answered("create", 200) == 9
-    assert world.gke.max_in_flight("create") == 3
+    # Three, then six (every create of the first round accepted), never wider than the maximum.
+    assert world.gke.max_in_flight("create") == in_flight
     assert len(managed(world)) == 9
 
 
@@ -75,9 +79,10 @@ def test_first_too_many_operations_stops_the_delivery_then_finished_operations_r
     assert response.status_code == 503  # Pub/Sub redelivers
     assert world.gke.answered("create", 200) == 4
     too_many = world.gke.answered("create", 429)
-    # Only creates already in flight when the first 429 came back can still meet one; without the
-    # stop, every one of the remaining twelve would have been sent and refused.
-    assert 1 <= too_many <= 4
+    # The first round (four) filled GKE's four slots; the second, twice as wide since every create
+    # was accepted, meets the 429. Only creates already in flight when the first 429 came back can
+    # still meet one; without the stop, every one of the remaining twelve would have been refused.
+    assert 1 <= too_many <= 8
     assert world.gke.count("create") == 4 + too_many
 
     # The 429 named the quota. The redelivery finds the four operations over: it sends four more and
@@ -102,6 +107,35 @@ def test_first_too_many_operations_stops_the_delivery_then_finished_operations_r
     assert len(managed(world)) == 16
 
 
+def test_a_concurrency_refusal_shrinks_the_fan_out_and_later_waves_regrow_it(world):
+    fn = configure(world, create_concurrency=2)
+    pods = submit(world, replicas=12)
+    world.gke.set_operation_limit(4)
+    world.gke.set_op_durations(600)  # nothing frees a slot by itself
+    world.gke.set_latency(0.05, ("create",))
+    # GKE refuses one create of the first round for a conflicting operation, naming no limit.
+    world.gke.fail_next("create", 400, "Cluster is running incompatible operation operation-123.")
+
+    assert fn.post_entry(pending_event(pods[0])).status_code == 503  # redelivered
+    accepted = [world.gke.answered("create", 200)]
+    # GKE ran one operation when it refused: the redelivery sends one create beyond that (the probe)
+    # and acknowledges the rest, which waits for a finished operation.
+    assert fn.post_entry(pending_event(pods[0])).status_code == 200
+    accepted.append(world.gke.answered("create", 200))
+    # Each wave of finished operations resumes the group, probing one create wider each time GKE
+    # accepted the last, until GKE's 429 names its limit (four); from then on no create is refused.
+    while accepted[-1] < 12 and len(accepted) < 8:
+        world.gke.finish_operations()
+        done = logentries.nodepool_operation_entry(CLUSTER_ID, managed(world)[0]["name"])
+        fn.post_entry(done)
+        accepted.append(world.gke.answered("create", 200))
+    waves = [b - a for a, b in zip([0, *accepted], accepted, strict=False)]
+    assert waves == [1, 1, 4, 4, 2]
+    assert world.gke.answered("create", 400) == 1  # the one conflict
+    assert world.gke.answered("create", 429) == 1  # the probe that found GKE's stated limit
+    assert len(managed(world)) == 12
+
+
 def test_deadline_stops_new_creates_before_the_service_timeout(world):
     fn = configure(world, create_concurrency=1, request_deadline_seconds=1)
     pods = submit(world, replicas=12)
@@ -109,8 +143,9 @@ def test_deadline_stops_new_creates_before_the_service_timeout(world):
     response = fn.post_entry(pending_event(pods[0]))
     assert response.status_code == 503
     sent = world.gke.count("create")
-    # One at a time at 0.4 s each: at most four start inside a one-second budget, never all twelve.
-    assert 1 <= sent <= 4
+    # Rounds of one, two and four at 0.4 s each: the third starts before the one-second budget ends,
+    # a fourth never does, so never all twelve.
+    assert 1 <= sent <= 7
     assert world.gke.answered("create", 200) == sent
 
 
