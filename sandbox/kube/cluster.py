@@ -62,6 +62,16 @@ AUDIT_POLICY = {
 }
 
 
+def audit_policy(users: Sequence[str] = ()) -> dict[str, object]:
+    """``AUDIT_POLICY``, plus every request of ``users`` at Metadata level when any are named."""
+    policy: dict[str, object] = dict(AUDIT_POLICY)
+    if users:
+        rules = AUDIT_POLICY["rules"]
+        assert isinstance(rules, list)
+        policy["rules"] = [{"level": "Metadata", "users": list(users)}, *rules]
+    return policy
+
+
 @dataclass(frozen=True)
 class Identity:
     """One static-token user of the API server."""
@@ -101,8 +111,15 @@ class RealCluster:
         workdir: Path | None = None,
         roles: Mapping[str, Sequence[str]] | None = None,
         start_timeout: float = 120.0,
+        api_only: bool = False,
+        audit_users: Sequence[str] = (),
     ) -> None:
         self._own_dir = workdir is None
+        # etcd and the API server alone: nothing binds, runs, garbage-collects or evicts a pod, so a
+        # test sees exactly the state it wrote (the function tests' cluster, sandbox.testing.fixtures).
+        self.api_only = api_only
+        # Users whose every request the audit log records (Metadata level), for request counts.
+        self.audit_users = tuple(audit_users)
         self.dir = Path(tempfile.mkdtemp(prefix="tpuprov-kube-")) if workdir is None else workdir
         self.roles = dict(roles) if roles is not None else rbac.load_roles(REPO / "infra")
         self.start_timeout = start_timeout
@@ -146,6 +163,8 @@ class RealCluster:
         self._start_apiserver(api_port, etcd_port)
         self._write_kubeconfigs()
         self.client().apply_all(rbac.all_objects(self.roles))
+        if self.api_only:
+            return
         self._start_controller_manager(kcm_port)
         self._start_scheduler(sched_port)
         self._start_kwok(kwok_port)
@@ -260,7 +279,7 @@ class RealCluster:
         )
         tokens.chmod(0o600)
         policy = self.dir / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        policy.write_text(yaml.safe_dump(audit_policy(self.audit_users)))
         proc = self._start(
             "kube-apiserver",
             [

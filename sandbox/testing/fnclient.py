@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +24,35 @@ from shared.core import logs
 from shared.core.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
+# Called with the target before each delivery: the test world switches the runtime to that
+# function's own identity there, as each function's deployment has its own.
+_delivery_hook: Callable[[str], None] | None = None
+
+
+def set_delivery_hook(hook: Callable[[str], None] | None) -> None:
+    """Call ``hook(target)`` before every delivery from now on (None: stop)."""
+    global _delivery_hook
+    _delivery_hook = hook
 
 
 class FunctionClient:
     """A function app loaded from ``functions/<target>/main.py`` exactly as Cloud Run serves it."""
 
     def __init__(self, target: str, project: str = "test-proj", topic: str = "") -> None:
+        self.target = target
         source = REPO / "functions" / target / "main.py"
         self.app = functions_framework.create_app(target, str(source), "cloudevent")
         self.client = self.app.test_client()
         self.topic = f"projects/{project}/topics/{topic or 'tpuprov-' + target}"
         self.subscription = f"projects/{project}/subscriptions/eventarc-{target}"
 
+    def _before_delivery(self) -> None:
+        if _delivery_hook is not None:
+            _delivery_hook(self.target)
+
     def post_message(self, message: dict[str, Any], mode: str = "binary") -> Any:
         """Deliver a Pub/Sub message (see ``logentries.pubsub_message``) in ``mode``."""
+        self._before_delivery()
         if mode == "binary":
             return self.client.post(
                 "/",
@@ -61,6 +76,7 @@ class FunctionClient:
 
     def post_raw(self, headers: dict[str, str], body: bytes | str) -> Any:
         """Deliver arbitrary bytes (malformed-input tests)."""
+        self._before_delivery()
         return self.client.post("/", headers=headers, data=body)
 
 

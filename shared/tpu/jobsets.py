@@ -51,7 +51,9 @@ def expand_pods(
         pod_template = job_spec.get("template") or {}
         for job_index in range(replicas):
             job_name = f"{name}-{rname}-{job_index}"
-            job_key = hashlib.sha256(f"{namespace}/{job_name}".encode()).hexdigest()
+            # The JobSet controller's job key: SHA-1 of "<namespace>/<job>", 40 hex characters (a
+            # label value holds at most 63, so a SHA-256 digest is refused by the API server).
+            job_key = hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest()
             for completion in range(parallelism):
                 tmeta = pod_template.get("metadata") or {}
                 pod_labels = {

@@ -54,8 +54,19 @@ def _deployment(component: Any, version: str, available: bool) -> dict[str, Any]
             "namespace": component.namespace,
             "annotations": {VERSION_ANNOTATION: version},
         },
-        "spec": {"replicas": 1},
-        "status": {
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": component.deployment}},
+            "template": {
+                "metadata": {"labels": {"app": component.deployment}},
+                "spec": {"containers": [{"name": "manager", "image": f"example.com/manager:{version}"}]},
+            },
+        },
+        "status": {  # as the controller manager reports one pod, ready or not
+            "observedGeneration": 1,
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": 1 if available else 0,
             "availableReplicas": 1 if available else 0,
             "conditions": [{"type": "Available", "status": "True" if available else "False"}],
         },
@@ -66,7 +77,7 @@ def _deployment(component: Any, version: str, available: bool) -> dict[str, Any]
 def test_publish_setup_wait_follows_the_install_until_both_controllers_are_available(
     kube_server: Any, monkeypatch: Any, capsys: Any
 ) -> None:
-    monkeypatch.setenv("KUBE_API_ENDPOINT", kube_server.url)
+    monkeypatch.setenv("KUBECONFIG", str(kube_server.kubeconfig))
     monkeypatch.setenv("GKE_API_ENDPOINT", "http://127.0.0.1:9")  # never called: the endpoint is given
     for namespace in ("jobset-system", "kueue-system"):
         kube_server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -1,19 +1,18 @@
 """``tpuprov publish kueue --wait``: follow the apply on the cluster until it is exactly the configuration.
 
-The cluster is the sandbox Kubernetes API with the real JobSet and Kueue CRDs; the apply itself is the
-product's ``KueueService`` (what ``apply_kueue`` runs on the message), started a moment after publishing.
+The cluster is the real API server with the JobSet and Kueue CRDs (no Kueue controller runs); the apply
+itself is the product's ``KueueService`` (what ``apply_kueue`` runs on the message), started a moment after
+publishing.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sandbox.emulators.kube.api import KubeApiServer
-from sandbox.testing.fixtures.kube import JOBSET_MANIFEST, KUEUE_MANIFEST, require_manifest
+from sandbox.testing.fixtures.kube import KubeHandle
 from shared.cloud.objects import ApiClientObjects, Bounds
 from shared.kueue.apply import KueueService
 from shared.kueue.config import parse_config
@@ -36,19 +35,17 @@ BEFORE = CONFIG + "  - {name: old, namespace: default, clusterQueue: team-a}\n"
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApiServer]:
-    manifests = [require_manifest(JOBSET_MANIFEST), require_manifest(KUEUE_MANIFEST)]
-    with KubeApiServer(crd_files=manifests) as server:
-        monkeypatch.setenv("KUBE_API_ENDPOINT", server.url)
-        monkeypatch.setenv("GKE_API_ENDPOINT", "http://127.0.0.1:9")  # never called: the endpoint is given
-        for name in ("PROJECT_ID", "LOCATION", "CLUSTER_NAME", "ALLOWED_ACCELERATORS", "TOPIC_PREFIX"):
-            monkeypatch.delenv(name, raising=False)
-        apply(server, BEFORE)
-        yield server
+def kube(kube_server: KubeHandle, monkeypatch: pytest.MonkeyPatch) -> KubeHandle:
+    monkeypatch.setenv("KUBECONFIG", str(kube_server.kubeconfig))
+    for name in ("PROJECT_ID", "LOCATION", "CLUSTER_NAME", "ALLOWED_ACCELERATORS", "TOPIC_PREFIX"):
+        monkeypatch.delenv(name, raising=False)
+    apply(kube_server, BEFORE)
+    return kube_server
 
 
-def apply(server: KubeApiServer, text: str) -> None:
-    client = server.api_client()
+def apply(server: KubeHandle, text: str) -> None:
+    """What apply_kueue does with the message, as apply_kueue's own identity."""
+    client = server.api_client("apply_kueue")
     try:
         KueueService(ApiClientObjects(client), Bounds(total=10, webhook_retry=5, poll=0.1)).apply(
             parse_config(text)
@@ -64,7 +61,7 @@ def _publish(tmp_path: Any, argv: list[str], publisher: RecordingPublisher) -> i
 
 
 def test_kueue_wait_follows_the_apply_until_the_cluster_matches(
-    kube: KubeApiServer, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    kube: KubeHandle, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     publisher = RecordingPublisher()
     # apply_kueue receives the message a moment after it is published.
@@ -84,7 +81,7 @@ def test_kueue_wait_follows_the_apply_until_the_cluster_matches(
 
 
 def test_kueue_wait_that_never_sees_the_apply_fails_and_says_how_far_it_got(
-    kube: KubeApiServer, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    kube: KubeHandle, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _publish(tmp_path, ["--project", "p", *CLUSTER, "--wait", "1"], RecordingPublisher()) == 1
     last = capsys.readouterr().err.splitlines()[-1]
@@ -95,7 +92,7 @@ def test_kueue_wait_that_never_sees_the_apply_fails_and_says_how_far_it_got(
 
 
 def test_kueue_wait_without_the_cluster_names_the_flags_and_publishes_nothing(
-    kube: KubeApiServer, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+    kube: KubeHandle, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     publisher = RecordingPublisher()
     assert _publish(tmp_path, ["--project", "p", "--wait", "10"], publisher) == 2

@@ -50,6 +50,7 @@ def _completed(jobset: dict[str, Any]) -> dict[str, Any]:
                 "type": "Completed",
                 "status": "True",
                 "reason": "AllJobsCompleted",
+                "message": "jobset completed successfully",  # the controller's (a required field)
                 "lastTransitionTime": CREATED,
             }
         ]
@@ -126,11 +127,14 @@ def cluster(world: Any) -> dict[str, Any]:
         kube.put(expand_pods(jobset)[0])
     # Release for the deleted JobSet, as its audit entry triggers it: train runs on that pool, so the
     # product hands the pool over to train instead of deleting it.
-    settings = world.settings.with_overrides(cordon_settle_seconds=0)
+    release = str(world.kube.kubeconfig_for("release"))  # as the release function's identity
+    settings = world.settings.with_overrides(cordon_settle_seconds=0, kubeconfig=release)
     released = Releaser(settings, api, connect(settings, lambda: api)).release("team-b", "gone", "", "test")
     assert released == []
     world.gke.finish_operations()
-    return {"pools": pools, "view": ClusterView(world.settings)}
+    # The CLI runs as the operator, with the cluster's admin kubeconfig.
+    operator = world.settings.with_overrides(kubeconfig=str(world.kube.kubeconfig))
+    return {"pools": pools, "view": ClusterView(operator)}
 
 
 def _rows(view: ClusterView) -> list[status.PoolRow]:
@@ -182,7 +186,7 @@ def test_status_command_json_and_leaks(
         "LOCATION": world.settings.location,
         "CLUSTER_NAME": world.settings.cluster_name,
         "GKE_API_ENDPOINT": world.gke.url,
-        "KUBE_API_ENDPOINT": world.kube.url,
+        "KUBECONFIG": str(world.kube.kubeconfig),
     }.items():
         monkeypatch.setenv(key, value)
     assert main(["status", "-o", "json"]) == 0
@@ -240,7 +244,7 @@ def test_why_command_for_a_jobset_and_a_missing_pod(
     monkeypatch.setenv("LOCATION", world.settings.location)
     monkeypatch.setenv("CLUSTER_NAME", world.settings.cluster_name)
     monkeypatch.setenv("GKE_API_ENDPOINT", world.gke.url)
-    monkeypatch.setenv("KUBE_API_ENDPOINT", world.kube.url)
+    monkeypatch.setenv("KUBECONFIG", str(world.kube.kubeconfig))
     assert main(["why", "--jobset", "team-b/starved"]) == 0
     text = capsys.readouterr().out
     assert "GCE_STOCKOUT" in text

@@ -1,16 +1,19 @@
-"""``apply_kueue`` function: binary-mode CloudEvents through functions-framework onto the sandbox API."""
+"""``apply_kueue`` function: binary-mode CloudEvents through functions-framework onto the real API server
+(Kueue's CRDs installed, no Kueue controller), as the function's own identity."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
 
-from sandbox.emulators.kube.api import KubeApiServer
-from sandbox.testing.fixtures import kube as fixtures_kube
+from sandbox.kube.webhooks import FailingWebhook
+from sandbox.testing.fixtures.kube import KUEUE_MANIFEST, KubeHandle, crds
 from sandbox.testing.fnclient import LoggedFunction, served_function
 from shared.core.settings import Settings
 from shared.kueue.config import DEFAULT_CONFIG
@@ -18,22 +21,25 @@ from tests.paths import REPO
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
 MANAGED = "tpuprov.dev/managed-by=tpu-provisioner"
-WEBHOOK_DOWN = (
-    'Internal error occurred: failed calling webhook "vclusterqueue.kb.io": failed to call webhook: '
-    'Post "https://kueue-webhook-service.kueue-system.svc:443/validate-kueue-x-k8s-io-v1beta2-clusterqueue": '
-    'no endpoints available for service "kueue-webhook-service"'
-)
 SEED = DEFAULT_CONFIG.read_bytes()
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MANAGED_KINDS = (
+    ("scheduling.k8s.io/v1", "priorityclasses"),
+    (KUEUE, "workloadpriorityclasses"),
+    (KUEUE, "resourceflavors"),
+    (KUEUE, "clusterqueues"),
+    (KUEUE, "localqueues"),
+)
 MULTI = (REPO / "examples" / "kueue" / "multi-flavor.yaml").read_bytes()
 
 
 @contextlib.contextmanager
-def _function(server: KubeApiServer) -> Iterator[LoggedFunction]:
+def _function(kubeconfig: Path) -> Iterator[LoggedFunction]:
     settings = Settings(
         project_id="test-proj",
         location="us-central2-b",
         cluster_name="test-cluster",
-        kube_api_endpoint=server.url,
+        kubeconfig=str(kubeconfig),
         setup_timeout_seconds=5,
         setup_webhook_retry_seconds=1,
         setup_poll_interval_ms=10,
@@ -43,33 +49,33 @@ def _function(server: KubeApiServer) -> Iterator[LoggedFunction]:
 
 
 @pytest.fixture
-def cluster() -> Iterator[KubeApiServer]:
-    """A cluster API serving Kueue's CRDs, with the namespaces the examples use."""
-    server = KubeApiServer(crd_files=[fixtures_kube.require_manifest(fixtures_kube.KUEUE_MANIFEST)]).start()
-    try:
-        for namespace in ("research", "prod"):
-            server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        yield server
-    finally:
-        server.stop()
+def cluster(kube_server: KubeHandle) -> KubeHandle:
+    """The API server serving Kueue's CRDs, with the namespaces the examples use."""
+    for namespace in ("research", "prod"):
+        kube_server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    return kube_server
 
 
 @pytest.fixture
-def function(cluster: KubeApiServer) -> Iterator[LoggedFunction]:
+def function(cluster: KubeHandle) -> Iterator[LoggedFunction]:
     """The function app as Cloud Run serves it, configured for ``cluster`` with tiny bounds."""
-    with _function(cluster) as fn:
+    with _function(cluster.kubeconfig_for("apply_kueue")) as fn:
         yield fn
 
 
-def _managed(cluster: KubeApiServer) -> list[str]:
+def _versions(cluster: KubeHandle) -> dict[str, str]:
+    """resourceVersion of every object the product manages (a write of any changes its own)."""
+    found = {}
+    for api_version, plural in MANAGED_KINDS:
+        for obj in cluster.list(api_version, plural, label_selector=MANAGED):
+            meta = obj["metadata"]
+            found[f"{obj['kind']} {meta.get('namespace', '')}/{meta['name']}"] = meta["resourceVersion"]
+    return found
+
+
+def _managed(cluster: KubeHandle) -> list[str]:
     names = []
-    for api_version, plural in (
-        ("scheduling.k8s.io/v1", "priorityclasses"),
-        (KUEUE, "workloadpriorityclasses"),
-        (KUEUE, "resourceflavors"),
-        (KUEUE, "clusterqueues"),
-        (KUEUE, "localqueues"),
-    ):
+    for api_version, plural in MANAGED_KINDS:
         for obj in cluster.list(api_version, plural, label_selector=MANAGED):
             meta = obj["metadata"]
             where = f"{meta['namespace']}/" if meta.get("namespace") else ""
@@ -86,9 +92,7 @@ SEED_NAMES = [
 
 
 @pytest.mark.integration
-def test_an_empty_message_applies_the_packaged_default(
-    function: LoggedFunction, cluster: KubeApiServer
-) -> None:
+def test_an_empty_message_applies_the_packaged_default(function: LoggedFunction, cluster: KubeHandle) -> None:
     response = function.post(None)
     assert response.status_code == 200
     assert _managed(cluster) == SEED_NAMES
@@ -98,6 +102,7 @@ def test_an_empty_message_applies_the_packaged_default(
         {"name": "google.com/tpu", "nominalQuota": 24}
     ]
     assert queue["spec"]["preemption"] == {
+        "borrowWithinCohort": {"policy": "Never"},  # the CRD's default, filled in by the API server
         "reclaimWithinCohort": "Any",
         "withinClusterQueue": "LowerPriority",
     }
@@ -107,7 +112,7 @@ def test_an_empty_message_applies_the_packaged_default(
 
 @pytest.mark.integration
 def test_a_yaml_message_replaces_the_configuration_and_prunes(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
     assert function.post(MULTI).status_code == 200
     assert "ClusterQueue research" in _managed(cluster)
@@ -123,20 +128,20 @@ def test_a_yaml_message_replaces_the_configuration_and_prunes(
 
 @pytest.mark.integration
 def test_a_json_message_is_applied_and_a_repeat_changes_nothing(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
     payload = json.dumps(yaml.safe_load(SEED)).encode()
     assert function.post(payload).status_code == 200
-    version = cluster.resource_version
+    versions = _versions(cluster)
     assert function.post(payload).status_code == 200
-    assert cluster.resource_version == version
+    assert _versions(cluster) == versions
     repeat = function.events("kueue.applied")[-1]
     assert repeat["created"] == [] and repeat["configured"] == [] and repeat["pruned"] == []
 
 
 @pytest.mark.integration
 def test_an_invalid_configuration_is_acknowledged_and_nothing_is_applied(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
     assert function.post(SEED).status_code == 200
     cluster.clear_requests()
@@ -152,7 +157,7 @@ def test_an_invalid_configuration_is_acknowledged_and_nothing_is_applied(
 
 @pytest.mark.integration
 def test_a_missing_namespace_is_acknowledged_with_the_reason(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
     payload = SEED.replace(b"namespace: default", b"namespace: team-z")
     assert function.post(payload).status_code == 200
@@ -163,25 +168,36 @@ def test_a_missing_namespace_is_acknowledged_with_the_reason(
 
 @pytest.mark.integration
 def test_kueue_webhook_errors_are_retried_then_handed_back(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
-    def cluster_queue_patch(method: str, path: str) -> bool:
-        return method == "PATCH" and "/clusterqueues/" in path
+    # Kueue's validating webhook for ClusterQueues answers errors, twice, then recovers.
+    webhook = FailingWebhook(
+        cluster.cluster, "vclusterqueue.kb.io", "kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue"
+    ).start()
+    try:
+        webhook.failures = 2
+        cluster.clear_requests()
+        assert function.post(SEED).status_code == 200
+        assert cluster.count("PATCH", "/clusterqueues/") == 3
 
-    cluster.fail_next(2, 500, match=cluster_queue_patch, message=WEBHOOK_DOWN)
-    assert function.post(SEED).status_code == 200
-    assert cluster.count("PATCH", "/clusterqueues/") == 3
-
-    cluster.fail_next(10_000, 500, match=cluster_queue_patch, message=WEBHOOK_DOWN)
-    response = function.post(SEED.replace(b"vlp-24: 24", b"vlp-24: 16"))
-    assert response.status_code == 503
+        webhook.failures = 10_000
+        response = function.post(SEED.replace(b"vlp-24: 24", b"vlp-24: 16"))
+        assert response.status_code == 503
+    finally:
+        webhook.stop()
     [retry] = function.events("delivery.retry")
-    assert "no endpoints available" in retry["message"]
+    assert 'failed calling webhook "vclusterqueue.kb.io"' in retry["message"]
 
 
 @pytest.mark.integration
-def test_a_cluster_without_kueue_asks_for_redelivery() -> None:
-    with KubeApiServer() as bare, _function(bare) as fn:
+def test_a_cluster_without_kueue_asks_for_redelivery(kube_server: KubeHandle) -> None:
+    # Kueue not installed (the next test's reset installs its CRDs again).
+    paths = [f"{CRDS}/{crd['metadata']['name']}" for crd in crds(KUEUE_MANIFEST)]
+    for path in paths:
+        kube_server.admin.delete(path)
+    while any(kube_server.admin.get(path) for path in paths):
+        time.sleep(0.05)
+    with _function(kube_server.kubeconfig_for("apply_kueue")) as fn:
         response = fn.post(None)
         assert response.status_code == 503
         [retry] = fn.events("delivery.retry")
@@ -190,7 +206,7 @@ def test_a_cluster_without_kueue_asks_for_redelivery() -> None:
 
 @pytest.mark.integration
 def test_a_queue_with_the_tpu_slices_check_gets_the_active_admission_check(
-    function: LoggedFunction, cluster: KubeApiServer
+    function: LoggedFunction, cluster: KubeHandle
 ) -> None:
     checked = (REPO / "examples" / "kueue" / "tpu-slices-check.yaml").read_bytes()
     assert function.post(checked).status_code == 200

@@ -1,19 +1,15 @@
 """Wire level: Kueue's QuotaReserved LogEntry into the provision function, real clients against the
-GKE emulator and a Kubernetes API serving the JobSet and Kueue CRDs."""
+GKE emulator and the real API server serving the JobSet and Kueue CRDs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
-from sandbox.testing.fixtures import kube as fixtures_kube
 from sandbox.testing.fnclient import FunctionClient
-from shared.app import entry
 from shared.core import labels
 from tests.conftest import CLUSTER_ID, World
 from tests.functions.deliveries import submit
@@ -24,22 +20,9 @@ KUEUE = "kueue.x-k8s.io/v1beta2"
 
 
 @pytest.fixture
-def kueue_world(gke_emulator: Any, world: World) -> Iterator[World]:
-    """``world`` whose Kubernetes API also serves Kueue's CRDs."""
-    server = KubeApiServer(
-        crd_files=[
-            fixtures_kube.require_manifest(fixtures_kube.JOBSET_MANIFEST),
-            fixtures_kube.require_manifest(fixtures_kube.KUEUE_MANIFEST),
-        ]
-    ).start()
-    try:
-        for ns in ("team-a",):
-            server.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        settings = world.settings.with_overrides(kube_api_endpoint=server.url)
-        entry.reset_runtime(settings)
-        yield World(gke_emulator, server, settings)
-    finally:
-        server.stop()
+def kueue_world(world: World) -> World:
+    """``world``: its API server serves Kueue's CRDs (v0.19.2) beside JobSet's."""
+    return world
 
 
 def workload_of(jobset: dict[str, Any], flavor: str) -> dict[str, Any]:

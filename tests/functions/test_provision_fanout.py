@@ -158,7 +158,7 @@ def test_reconcile_pages_its_lists_and_asks_only_for_pending_pods(world):
     for pod in pods[:2]:  # two pods already run somewhere
         world.kube.patch_status("v1", "pods", "team-a", pod["metadata"]["name"], {"phase": "Running"})
     world.kube.clear_requests()
-    kube = KubeClient(world.kube.api_client(), page_size=2)
+    kube = KubeClient(world.kube.api_client("reconcile"), page_size=2)
     summary = Reconciler(world.settings, GkeNodePoolAPI(world.gke.url), kube).sweep()
     assert summary.requested == 5  # the first pending pod's replicated job, all five slices
     lists = [path for method, path in world.kube.requests if method == "GET" and "limit=2" in path]

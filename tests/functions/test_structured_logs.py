@@ -174,7 +174,8 @@ def test_skipped_for_a_vanished_pod_still_names_the_jobset(world, stdout):
     [
         ({"namespace_allowlist": ("ml",)}, None, "NAMESPACE_ALLOWLIST"),
         ({"drain": True}, None, "drain mode"),
-        ({}, lambda pod: pod["spec"]["nodeSelector"].update({"team": "a,b"}), "not a valid Kubernetes label"),
+        # (A selector value the API server's validation refuses cannot reach the product on a pod.)
+        ({}, lambda pod: pod["spec"]["nodeSelector"].update({"tpuprov.dev/team": "a"}), "reserved"),
         ({}, lambda pod: pod["spec"]["nodeSelector"].pop(labels.TPU_TOPOLOGY), labels.TPU_TOPOLOGY),
     ],
     ids=["allowlist", "drain", "hostile-selector", "no-topology"],

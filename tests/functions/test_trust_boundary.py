@@ -15,6 +15,7 @@ import pytest
 
 from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
+from sandbox.kube.api import ApiError
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
 from shared.tpu.jobsets import expand_pods
@@ -205,18 +206,35 @@ def _identity_annotation(key: str, value: str) -> Mutate:
     return mutate
 
 
-HOSTILE = [
+# Selector material the API server's own validation refuses: such a pod never exists, so no
+# FailedScheduling entry can name it (the product's own check of keys and values, its second line,
+# is tests/unit/tpu/test_selectors.py's).
+REFUSED_BY_THE_API = [
     ("selector-comma", _selector("team", "ml,tpuprov.dev/managed-by=tpu-provisioner")),
     ("selector-equals", _selector("team", "ml=x")),
     ("selector-newline", _selector("team", "ml\ntpuprov.dev/jobset-name=other")),
     ("selector-too-long", _selector("team", "v" * 64)),
     ("selector-bad-key", _selector("team name", "ml")),
     ("selector-bad-prefix", _selector("Example.COM/x", "ml")),
+    ("affinity-comma", _affinity("team", "a,b=c")),
+]
+
+
+@pytest.mark.parametrize(
+    "mutate", [m for _, m in REFUSED_BY_THE_API], ids=[name for name, _ in REFUSED_BY_THE_API]
+)
+def test_invalid_selector_material_is_refused_by_the_api_server(world, mutate):
+    with pytest.raises(ApiError) as refused:
+        submit(world, tpu_jobset("nj", "team-a", replicas=1, topology="2x2"), mutate)
+    assert (refused.value.status, refused.value.reason) == (422, "Invalid")
+    assert world.kube.list("v1", "pods", "team-a") == []
+
+
+HOSTILE = [
     ("selector-product-key", _selector("tpuprov.dev/team", "ml")),
     ("selector-managed-by", _selector(labels.MANAGED_BY, labels.MANAGED_BY_VALUE)),
     ("selector-owner-name", _selector(labels.OWNER_NAME, "someone-else")),
     ("selector-owner-uid", _selector(labels.OWNER_UID, "6a3c9c61-0000-4000-8000-000000000000")),
-    ("affinity-comma", _affinity("team", "a,b=c")),
     ("affinity-owner-namespace", _affinity(labels.OWNER_NAMESPACE, "kube-system")),
     ("annotation-jobset-comma", _identity_annotation(labels.JOBSET_NAME, "nj,tpuprov.dev/managed-by=x")),
     ("annotation-jobset-newline", _identity_annotation(labels.JOBSET_NAME, "nj\nevil=1")),

@@ -1,8 +1,10 @@
-"""Every permission each port call declares is one the emulators enforce, with the real 403 text.
+"""Every permission each port call declares is one the sandbox enforces, with the real 403 text.
 
 For each call in ``shared.cloud.permissions.CALLS`` and each permission it declares, the caller holds
-every other permission there is and not that one: the real client against the GKE, Compute or
-Kubernetes emulator must be refused with ``PermissionDeniedError`` naming exactly it. Together with
+every other permission there is and not that one: the real client against the GKE or Compute
+emulator (IAM), or the real kube-apiserver (RBAC, the caller's ClusterRole being that permission set
+as ``sandbox.kube.rbac`` maps it), must be refused with ``PermissionDeniedError`` naming exactly it.
+Together with
 ``tests/infra/test_roles.py`` (each role is the union of what its function's code reaches), taking
 any one permission out of any role therefore fails a test with the real 403 text.
 """
@@ -10,6 +12,7 @@ any one permission out of any role therefore fails a test with the real 403 text
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,8 +22,8 @@ from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.emulators.iam import Iam
-from sandbox.emulators.kube.api import KubeApiServer
-from sandbox.stack.config import DEFAULT_MANIFESTS_DIR
+from sandbox.kube import rbac
+from sandbox.testing.fixtures.kube import KubeHandle
 from shared.cloud.compute import ComputeWorkloadPolicyAPI
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import KubeClient, connect
@@ -36,6 +39,7 @@ PROJECT, ZONE, REGION = "p", "us-east5-b", "us-east5"
 CLUSTER = f"projects/{PROJECT}/locations/{ZONE}/clusters/c"
 EVERYTHING = sorted({p for permissions in CALLS.values() for p in permissions})
 CALLER = "caller"
+CALLER_FUNCTION = "provision"  # whose token and ClusterRole the Kubernetes cases use
 FRESH = itertools.count()  # names of policies no earlier case created
 
 
@@ -60,42 +64,76 @@ def iam() -> Iam:
 
 
 @pytest.fixture(scope="module")
-def emulators(iam: Iam) -> Iterator[dict[str, Any]]:
-    crds = [DEFAULT_MANIFESTS_DIR / "jobset-v0.10.1.yaml", DEFAULT_MANIFESTS_DIR / "kueue-v0.19.2.yaml"]
+def cloud(iam: Iam) -> Iterator[dict[str, Any]]:
     with (
         GkeEmulator([ClusterSeed.from_path(CLUSTER, "127.0.0.1", "")], op_delay=0) as gke,
         ComputeEmulator(op_delay=0.5) as compute,  # a running insert is polled: regionOperations.get
-        KubeApiServer(crd_files=crds) as kube,
     ):
         gke.set_iam(iam)
         compute.iam = iam
-        kube.set_iam(iam)
         admin = iam.token_for("admin")
         GkeNodePoolAPI(endpoint=gke.url, access_token=admin).create_node_pool(CLUSTER, spec("existing"), "t")
-        kube.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-0"}, "spec": {}})
-        kube.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
-        kube.put(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "pod-0", "namespace": "team-a"},
-                "spec": {"containers": [{"name": "c", "image": "x"}]},
-            }
-        )
-        jobset = {
-            "apiVersion": "jobset.x-k8s.io/v1alpha2",
-            "kind": "JobSet",
-            "metadata": {"name": "train", "namespace": "team-a"},
-            "spec": {"replicatedJobs": []},
+        yield {"gke": gke, "compute": compute}
+
+
+@pytest.fixture
+def emulators(cloud: dict[str, Any], kube_server: KubeHandle) -> dict[str, Any]:
+    """The GKE and Compute emulators, and the (reset) real API server with what the calls name."""
+    kube_server.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n-0"}, "spec": {}})
+    kube_server.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "pod-0", "namespace": "team-a"},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
         }
-        kube.put(jobset)
-        yield {"gke": gke, "compute": compute, "kube": kube}
+    )
+    replicated = {
+        "name": "w",
+        "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}},
+    }
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "train", "namespace": "team-a"},
+        "spec": {"replicatedJobs": [replicated]},
+    }
+    kube_server.put(jobset)
+    return {**cloud, "kube": kube_server}
+
+
+def _grant_kube(kube: KubeHandle, permissions: list[str], removed: str = "") -> None:
+    """Make the caller's ClusterRole exactly ``permissions`` (as GKE's authorizer reads them) and
+    wait until the API server's authorizer has it: each granted rule allowed, ``removed`` denied."""
+    role = rbac.objects_for(CALLER_FUNCTION, permissions)[0]
+    kube.admin.apply(role)
+    user = rbac.user_name(CALLER_FUNCTION)
+    checks = [(rule, True) for rule in rbac.rules_for(permissions)]
+    if removed and not removed.startswith(rbac.NOT_KUBERNETES):
+        checks += [(rule, False) for rule in rbac.rules_for([removed])]
+    for rule, allowed in checks:
+        plural, _, subresource = rule.resources[0].partition("/")
+        attributes = {
+            "verb": rule.verbs[0],
+            "group": rule.api_groups[0],
+            "resource": "jobsets" if plural == "*" else plural,
+            "subresource": subresource,
+        }
+        review = {"spec": {"user": user, "resourceAttributes": attributes}}
+        for _ in range(500):
+            answer = kube.admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+            if bool((answer.get("status") or {}).get("allowed")) == allowed:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"RBAC never {'allowed' if allowed else 'denied'} {attributes}")
 
 
 def _kube(emulators: dict[str, Any], token: str) -> KubeClient:
-    return connect(
-        Settings(kube_api_endpoint=emulators["kube"].url, emulator_access_token=token), lambda: None
-    )
+    # The caller's Kubernetes identity is a function's token; its ClusterRole is what _grant_kube set.
+    del token
+    kubeconfig = str(emulators["kube"].kubeconfig_for(CALLER_FUNCTION))
+    return connect(Settings(kubeconfig=kubeconfig), lambda: None)
 
 
 def _record_twice(kube: KubeClient, involved: dict[str, Any]) -> None:
@@ -170,6 +208,7 @@ def test_a_call_without_one_of_its_permissions_is_refused_naming_it(
     principal = iam.principal_of(CALLER)
     iam.grant(principal, EVERYTHING)
     iam.revoke(CALLER, permission)
+    _grant_kube(emulators["kube"], [p for p in EVERYTHING if p != permission], permission)
     try:
         with pytest.raises(PermissionDeniedError) as denied:
             _calls(emulators, iam.token_for(CALLER))[call]()
@@ -186,6 +225,7 @@ def test_an_event_the_role_may_not_write_is_logged_as_a_denial(
     principal = iam.principal_of(CALLER)
     iam.grant(principal, EVERYTHING)
     iam.revoke(CALLER, permission)
+    _grant_kube(emulators["kube"], [p for p in EVERYTHING if p != permission], permission)
     try:
         _calls(emulators, iam.token_for(CALLER))["KubeAPI.record_event"]()
         denials = [r for r in caplog.records if getattr(r, "fields", {}).get("event") == "permission.denied"]

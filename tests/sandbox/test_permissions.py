@@ -16,9 +16,10 @@ import pytest
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.state import ClusterSeed
 from sandbox.emulators.iam import Iam, load_roles
-from sandbox.emulators.kube.api import KubeApiServer
+from sandbox.kube import rbac
 from sandbox.stack.config import REPO_ROOT
 from sandbox.stack.core import Stack
+from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.stack import (
     FAST,
     exclusive_tpu_jobset,
@@ -103,21 +104,15 @@ def test_gke_refuses_a_caller_without_the_permission_with_its_real_text(
     assert gke.answered("list", 403) == 1 and gke.answered("list", 401) == 1
 
 
-def test_the_kubernetes_api_refuses_like_gkes_authorizer() -> None:
-    iam = Iam.for_functions(load_roles(REPO_ROOT), "p")
-    with KubeApiServer() as kube:
-        kube.set_iam(iam)
-        settings = Settings(kube_api_endpoint=kube.url, emulator_access_token=iam.token_for("apply_kueue"))
-        client = connect(settings, lambda: None)
-        with pytest.raises(PermissionDeniedError) as denied:
-            client.list_nodes()
-        assert denied.value.permission == "container.nodes.list"
-        assert (
-            'nodes is forbidden: User "tpuprov-kueue@p.iam.gserviceaccount.com" cannot list resource '
-            '"nodes" in API group "" at the cluster scope: requires one of ["container.nodes.list"] '
-            "permission(s)."
-        ) in denied.value.why
-        release = connect(
-            Settings(kube_api_endpoint=kube.url, emulator_access_token=iam.token_for("release")), lambda: None
-        )
-        assert release.list_nodes() == []
+def test_the_kubernetes_api_refuses_like_gkes_authorizer(kube_server: KubeHandle) -> None:
+    # The real kube-apiserver with RBAC: apply_kueue's role (infra/roles.json) has no nodes.list.
+    client = connect(Settings(kubeconfig=str(kube_server.kubeconfig_for("apply_kueue"))), lambda: None)
+    with pytest.raises(PermissionDeniedError) as denied:
+        client.list_nodes()
+    assert denied.value.permission == "container.nodes.list"
+    user = rbac.user_name("apply_kueue")
+    assert (
+        f'nodes is forbidden: User "{user}" cannot list resource "nodes" in API group "" at the cluster scope'
+    ) in denied.value.why
+    release = connect(Settings(kubeconfig=str(kube_server.kubeconfig_for("release"))), lambda: None)
+    assert release.list_nodes() == []

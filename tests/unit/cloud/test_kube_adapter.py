@@ -1,4 +1,4 @@
-"""``shared.cloud.kube.KubeClient`` over real HTTP against the sandbox Kubernetes API (``world``)."""
+"""``shared.cloud.kube.KubeClient`` over HTTPS against the real kube-apiserver (``world``, as provision)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Pure derivation tables: which pods qualify, and the exact NodePool each slice gets."""
 
 import copy
+import hashlib
 
 import pytest
 
@@ -502,3 +503,12 @@ def test_tpu7x_without_operator_policy_names_the_products_own_per_topology():
         placement=Placement("", "", "tpuprov-tpu7x-2-2-2", "2x2x2"),
         disk_type="hyperdisk-balanced",
     )
+
+
+def test_expanded_pods_carry_the_jobset_controllers_job_key() -> None:
+    # SHA-1 of "<namespace>/<job name>" as the JobSet controller computes it; a label value holds at
+    # most 63 characters, so a longer digest would be refused by the API server.
+    [pod] = expand_pods(tpu_jobset("train", "team-a", uid=UID, replicas=1, topology="2x2", chips_per_vm=4))
+    key = pod["metadata"]["labels"][labels.JOB_KEY]
+    assert key == hashlib.sha1(b"team-a/train-slice-0").hexdigest()
+    assert len(key) == 40
