@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lint typecheck test unit demo demo-basic sandbox-up bench lock clean
+.PHONY: install lint typecheck test unit demo demo-basic sandbox-up kube-bins bench lock clean
 
 $(STAMP): pyproject.toml
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
@@ -43,13 +43,18 @@ test: lint typecheck $(CHECKOV) kube-bins
 unit: install
 	$(BIN)/pytest -m "not integration"
 
-# The README's "run it" command: the Kueue multislice tutorial flow.
-demo: install
+# The README's "run it" command: the Kueue multislice tutorial flow on the real Kubernetes
+# components (kube-bins is a no-op when the pins are unchanged; root, for a loopback-only netns).
+demo: install kube-bins
 	$(BIN)/tpuprov demo
 
 # One TPU and one CPU JobSet, no Kueue.
-demo-basic: install
+demo-basic: install kube-bins
 	$(BIN)/tpuprov demo --scenario basic
+
+# The same stack kept up until Ctrl-C; prints the exports and the prefix kubectl needs.
+sandbox-up: install kube-bins
+	$(BIN)/tpuprov sandbox up
 
 bench: install
 	$(BIN)/tpuprov bench

@@ -8,7 +8,7 @@ with ENETUNREACH, whatever object the API server is given.
 
 Namespaces belong to threads: ``isolate()`` moves the calling thread, and every thread and child
 process it starts afterwards inherits the namespace. Call it first thing in the process (the real
-tests' conftest and ``tpuprov demo --real`` do) so that no earlier thread, such as a gRPC worker,
+tests' conftest and ``tpuprov demo`` do) so that no earlier thread, such as a gRPC worker,
 keeps dialling from the host's network. ``RealCluster.start`` calls it too, as a last guard.
 
 Why not a ``--service-cluster-ip-range`` inside 127.0.0.0/8 instead: Kubernetes refuses loopback

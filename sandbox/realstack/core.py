@@ -96,6 +96,7 @@ class RealStack:
         self._decisions: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stopped = False
+        self._pubsub_thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class RealStack:
                 pubsub_error.append(exc)
 
         pubsub_thread = threading.Thread(target=start_pubsub, name="pubsub-start", daemon=True)
+        self._pubsub_thread = pubsub_thread
         pubsub_thread.start()
         self.kube_cluster.start()
         admin = self.kube_cluster.client()
@@ -193,7 +195,7 @@ class RealStack:
             self.processes.stop_all,
             lambda: self.router.stop() if self.router else None,
             lambda: self.publisher.transport.close() if self.publisher else None,
-            self.pubsub.stop,
+            self._stop_pubsub,
             self.kube_cluster.stop,
             self.gke.stop,
             self.compute.stop,
@@ -205,6 +207,13 @@ class RealStack:
                 print(f"realstack: stop step failed: {exc!r}", file=sys.stderr)
         if self._own_workdir and not os.environ.get("TPUPROV_KEEP_KUBE_DIR"):
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_pubsub(self) -> None:
+        # A failure elsewhere (the control plane) can stop the stack while the emulator still boots
+        # on its thread; let that finish first, or the emulator would come up after stop().
+        if self._pubsub_thread is not None:
+            self._pubsub_thread.join(timeout=self.config.startup_timeout)
+        self.pubsub.stop()
 
     def _function_env(self) -> dict[str, str]:
         c = self.config
@@ -363,6 +372,14 @@ class RealStack:
             "EMULATOR_ACCESS_TOKEN": self.iam.token_for(OPERATOR),
             "SANDBOX_LOG_DIR": str(self.workdir),
         }
+
+    @property
+    def pids(self) -> list[int]:
+        """Every child process this stack runs: functions, control plane, controllers, Pub/Sub."""
+        pids = self.processes.pids + self.kube_cluster.registry.pids
+        if self.pubsub.pid:
+            pids.append(self.pubsub.pid)
+        return pids
 
     @staticmethod
     def enter_command() -> str:

@@ -1,29 +1,28 @@
-"""GKE's "TPU Multislice with JobSet and Kueue" flow on the real components (``RealStack``).
+"""The demo's flows on the real components (``RealStack``); ``demo_cli`` prints them for ``tpuprov demo``.
 
-The product's ``setup_cluster`` installs the pinned JobSet and Kueue releases (a setup message on
-its topic), ``apply_kueue`` applies the packaged default queues (one ``vlp-24`` flavor of v5e 2x4
-slices, 24 chips in ``cluster-queue``, the ``multislice-queue`` LocalQueue, published to its
-topic), then three multislice JobSets of v5e 2x4 slices are queued: 3 slices, which take the
-whole quota, then 1 and 2 slices, which the real Kueue admits once the first completes. The real
-scheduler reports the pods it cannot place, the sinks export that, ``provision`` creates pools,
-KWOK runs the pods on the pools' Nodes, the real JobSet controller completes the JobSets and
-``release`` hands pools over or deletes them. The same JobSets and queues as the stand-in's
-``tpuprov demo --scenario kueue``; the pods a pool deletion killed come from the real pods.
+``run``: GKE's "TPU Multislice with JobSet and Kueue" flow. The product's ``setup_cluster`` installs
+the pinned JobSet and Kueue releases (a setup message on its topic), ``apply_kueue`` applies the
+packaged default queues (one ``vlp-24`` flavor of v5e 2x4 slices, 24 chips in ``cluster-queue``,
+the ``multislice-queue`` LocalQueue, published to its topic), then three multislice JobSets of v5e
+2x4 slices are queued: 3 slices, which take the whole quota, then 1 and 2 slices, which the real
+Kueue admits once the first completes. The real scheduler reports the pods it cannot place, the
+sinks export that, ``provision`` creates pools, KWOK runs the pods on the pools' Nodes, the real
+JobSet controller completes the JobSets and ``release`` hands pools over or deletes them; the pods a
+pool deletion killed are counted from the real pods.
+
+``run_basic``: the smallest loop, without Kueue: a multislice v6e JobSet (one pool per slice) and a
+CPU-only JobSet the product must leave alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-import threading
 import time
-from typing import Any, TextIO
+from typing import Any
 
-from sandbox.jobsets import tpu_jobset
+from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.realstack.core import RealStack
-from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from sandbox.stack.summary import StackSummary
-from sandbox.stack.timeline import TimelineEntry
 from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from shared.core import labels
 from shared.kueue.config import DEFAULT_CONFIG, parse_config
@@ -36,6 +35,7 @@ ACCELERATOR = "tpu-v5-lite-podslice"
 TOPOLOGY = "2x4"
 JOBSETS = (("multislice-3", 3), ("multislice-1", 1), ("multislice-2", 2))
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+TPU_JOBSET, CPU_JOBSET = "demo-train", "demo-cpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,49 +126,62 @@ def run(stack: RealStack, run_seconds: float = 5.0, timeout: float = 600.0) -> O
     return Outcome(states, summary, problems, seconds)
 
 
-def main(run_seconds: float = 5.0, timeout: float = 420.0, width: int = 160, out: TextIO = sys.stdout) -> int:
-    """``tpuprov demo --real``: the flow above with the live timeline; 0 when it ends clean."""
-    lock = threading.Lock()
-    quiet = threading.Event()  # once the summary prints, late timeline lines would interleave
+def run_basic(
+    stack: RealStack, slices: int = 2, topology: str = "2x2", run_seconds: float = 5.0, timeout: float = 600.0
+) -> Outcome:
+    """Set up (the JobSet controller comes with setup_cluster), run a ``slices``-slice v6e JobSet and
+    a CPU-only one to the end, and wait for every pool to go; problems name what went wrong."""
+    deadline = time.monotonic() + timeout
+    problems: list[str] = []
+    seconds: dict[str, float] = {}
 
-    def show(entry: TimelineEntry) -> None:
-        line = entry.render()
-        with lock:
-            if quiet.is_set():
-                return
-            print(line if len(line) <= width else line[: width - 3] + "...", file=out, flush=True)
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
 
-    print(
-        "tpuprov demo --real: etcd, kube-apiserver, scheduler, controller manager, KWOK, JobSet and", file=out
+    tpu = tpu_jobset(
+        TPU_JOBSET,
+        NAMESPACE,
+        replicas=slices,
+        topology=topology,
+        run_seconds=run_seconds,
+        # One slice per node pool, as multislice training JobSets ask for.
+        annotations={labels.EXCLUSIVE_TOPOLOGY: labels.NODEPOOL},
     )
-    print(
-        "Kueue controllers, GKE + Compute emulators, Pub/Sub emulator, the functions (loopback only)",
-        file=out,
-    )
-    started = time.monotonic()
-    config = StackConfig(functions=ALL_FUNCTIONS, gke_op_delay=1.0)
-    with RealStack(config) as stack:
-        print(f"started in {stack.startup_seconds:.1f}s; API server {stack.kube_cluster.server}", file=out)
-        stack.timeline.listen(show)
-        outcome = run(stack, run_seconds=run_seconds, timeout=timeout)
-        quiet.set()
-        summary = outcome.summary
-        phases = ", ".join(f"{k} {v:.1f}s" for k, v in outcome.seconds.items())
-        print("\nSummary (real Kubernetes components)", file=out)
-        print(f"  JobSets:        {', '.join(f'{n} {s}' for n, s in outcome.states.items())}", file=out)
-        print(
-            f"  node pools:     created {summary.pools_created}, handed over {summary.pools_adopted}, "
-            f"deleted {summary.pools_deleted}, leaked {len(summary.pools_leaked)}",
-            file=out,
+    cpu = cpu_jobset(CPU_JOBSET, NAMESPACE)
+    try:
+        started = time.monotonic()
+        stack.setup(timeout=left())
+        seconds["setup"] = time.monotonic() - started
+        started = time.monotonic()
+        for jobset in (tpu, cpu):
+            jobset["metadata"].pop("uid", None)
+            stack.submit(jobset)
+        for name in (TPU_JOBSET, CPU_JOBSET):
+            stack.wait_for(
+                lambda n=name: stack.jobset_state(NAMESPACE, n) in ("Completed", "Failed"),  # type: ignore[misc]
+                left(),
+                f"JobSet {name} to finish",
+            )
+        stack.wait_for(
+            lambda: not stack.managed_pools() and stack.summary().pools_deleted >= slices,
+            left(),
+            "every TPU pool to be deleted",
         )
-        print(
-            f"  pods killed by a pool deletion (pod GC's DisruptionTarget): {summary.pods_killed}", file=out
-        )
-        print(f"  phases:         {phases}", file=out)
-    print(f"  wall time:      {time.monotonic() - started:.1f}s (stack up and down included)", file=out)
-    for problem in outcome.problems:
-        print(f"  PROBLEM: {problem.splitlines()[0]}", file=out)
-    if outcome.problems:
-        return 1
-    print("  result:         OK", file=out)
-    return 0
+        seconds["jobsets"] = time.monotonic() - started
+    except TimeoutError as exc:
+        problems.append(str(exc))
+    summary = stack.summary()
+    states = {name: stack.jobset_state(NAMESPACE, name) for name in (TPU_JOBSET, CPU_JOBSET)}
+    problems += [f"JobSet {name} ended {state}" for name, state in states.items() if state != "Completed"]
+    if summary.pools_created != slices:
+        problems.append(f"expected {slices} pools created, saw {summary.pools_created}")
+    if summary.pools_leaked:
+        problems.append(f"leaked pools: {', '.join(summary.pools_leaked)}")
+    cpu_creates = [
+        d for d in stack.decisions("provision.created") if f"/{CPU_JOBSET} " in str(d.get("slice"))
+    ]
+    if cpu_creates:
+        problems.append(f"the CPU JobSet got {len(cpu_creates)} pool(s)")
+    if summary.pods_killed:
+        problems.append(f"{summary.pods_killed} pod(s) killed by a node-pool deletion")
+    return Outcome(states, summary, problems, seconds)

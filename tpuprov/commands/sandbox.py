@@ -1,7 +1,8 @@
 """``tpuprov demo`` and ``tpuprov sandbox {up,demo}``: run the product end to end on this machine.
 
 The sandbox (``sandbox/``) is imported only when one of these commands runs: the functions never
-load it, and ``tpuprov --help`` stays fast.
+load it, and ``tpuprov --help`` stays fast. Every one of them runs the real Kubernetes components
+(``sandbox.realstack``: built by ``make kube-bins``; root, for a loopback-only network namespace).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--slices", type=int, default=2, help="basic scenario: number of TPU slices (default 2)"
     )
-    parser.add_argument("--run-seconds", type=float, default=3.0, help="how long each pod runs (default 3)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
+    parser.add_argument("--run-seconds", type=float, default=5.0, help="how long each pod runs (default 5)")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)"
+    )
     parser.add_argument(
         "--scenario",
         choices=("basic", "kueue"),
@@ -32,12 +35,6 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"
-    )
-    parser.add_argument(
-        "--real",
-        action="store_true",
-        help="the kueue scenario on the real kube-apiserver, scheduler, controller manager, JobSet and "
-        "Kueue (KWOK nodes; `make kube-bins` first; root, for a loopback-only network namespace)",
     )
     parser.set_defaults(func=run, sandbox_command="demo")
 
@@ -55,15 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sandbox", help="the local sandbox: keep it running, run the demo, or check it with doctor"
     )
     commands = sandbox.add_subparsers(dest="sandbox_command", metavar="{up,demo,doctor}", required=True)
-    up = commands.add_parser("up", help="start the sandbox and keep it running until Ctrl-C")
+    up = commands.add_parser(
+        "up",
+        help="start the sandbox (JobSet and Kueue installed) and keep it running until Ctrl-C; prints the "
+        "exports and the network-namespace prefix for kubectl and tpuprov",
+    )
     up.add_argument("--quiet", action="store_true", help="do not print the live timeline")
     up.add_argument("--gke-op-delay", type=float, default=2.0, help="seconds a node-pool operation takes")
-    up.add_argument(
-        "--real",
-        action="store_true",
-        help="the real kube-apiserver, scheduler, controller manager, JobSet and Kueue (KWOK nodes), "
-        "in a loopback-only network namespace the printed commands enter",
-    )
     up.set_defaults(func=run)
     _demo_arguments(commands.add_parser("demo", help="same as `tpuprov demo`"))
     doctor = commands.add_parser(
@@ -75,56 +70,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: Any) -> int:
-    """Dispatch ``demo`` / ``sandbox up`` / ``sandbox demo``; returns the exit code."""
-    from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
-    from sandbox.stack.demo import DemoOptions, run_demo, run_up
-
+    """Dispatch ``demo`` / ``sandbox up`` / ``sandbox demo`` / ``sandbox doctor``; returns the exit code."""
     if args.sandbox_command == "up":
-        if args.real:
-            from sandbox.realstack.up import run_up as run_real_up
+        from sandbox.realstack.up import run_up
 
-            return run_real_up(gke_op_delay=args.gke_op_delay, quiet=args.quiet)
-        # Every function, so that `tpuprov publish setup|kueue` work against it as well.
-        from tpuprov.progress import Progress
-
-        config = StackConfig(gke_op_delay=args.gke_op_delay, functions=ALL_FUNCTIONS)
-        return run_up(config, quiet=args.quiet, step=Progress().step)
+        return run_up(gke_op_delay=args.gke_op_delay, quiet=args.quiet)
     if args.sandbox_command == "doctor":
-        return _doctor(args.output, StackConfig(gke_op_delay=0.5, functions=ALL_FUNCTIONS))
+        return _doctor(args.output)
     if args.slices < 1:
         print("tpuprov demo: --slices must be at least 1")
         return 2
-    if getattr(args, "real", False):
-        from sandbox.realstack.demo import main as real_demo
+    from sandbox.realstack.demo_cli import DemoOptions, main
 
-        # The stand-in's 60 s default is too short for a control plane and two installs.
-        return real_demo(run_seconds=max(args.run_seconds, 5.0), timeout=max(args.timeout, 420.0))
     options = DemoOptions(
+        scenario=args.scenario,
         topology=args.topology,
         slices=args.slices,
         run_seconds=args.run_seconds,
         timeout=args.timeout,
         verbose=args.verbose,
-        scenario=args.scenario,
     )
-    try:
-        return run_demo(options)
-    except KeyboardInterrupt:
-        print("\ntpuprov demo: interrupted; every process it started was stopped")
-        return 130
+    return main(options)
 
 
-def _doctor(fmt: str, config: Any) -> int:
+def _doctor(fmt: str) -> int:
     """The doctor report of a freshly deployed sandbox (every function, JobSet and Kueue installed)."""
-    from sandbox.stack.core import Stack
+    from sandbox.realstack.core import RealStack
+    from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
     from sandbox.stack.wiring import TOPIC_PREFIX
     from tpuprov import output
     from tpuprov.doctor.run import diagnose, document, exit_code, render_table
-    from tpuprov.doctor.sandbox import StackDeployment, install_addons
+    from tpuprov.doctor.sandbox import StackDeployment
     from tpuprov.doctor.views import Expected
 
-    with Stack(config) as stack:
-        install_addons(stack)
+    config = StackConfig(gke_op_delay=0.5, functions=ALL_FUNCTIONS)
+    with RealStack(config) as stack:
+        stack.setup()
         deployment = StackDeployment(stack, Expected(config.project, TOPIC_PREFIX))
         checks = diagnose(deployment, deployment.expected, deployment.settings)
     output.emit(fmt, document(checks), lambda: render_table(checks))

@@ -1,18 +1,18 @@
-"""The sandbox ``Deployment``: what a running ``sandbox.stack.Stack`` deploys, read as doctor reads Google.
+"""The sandbox ``Deployment``: what a running ``RealStack`` deploys, read as doctor reads Google.
 
 Pub/Sub is read with the real admin clients on the emulator; the cluster through the GKE emulator and
-the Kubernetes API with the operator's token, and reachability with the function's own token (the
-identity the emulators authorize). The roles are the stack's IAM grants (read from infra/roles.json
-at start, changed by ``stack.iam.revoke``); sinks and their topic grants are the log router's.
+the real API server as its administrator (the stack's kubeconfig), and reachability as each function:
+its own token for the GKE emulator and its own kubeconfig (RBAC-bound token) for the API server. The
+roles are the stack's IAM grants (read from infra/roles.json at start, changed by
+``stack.iam.revoke``); sinks and their topic grants are the log router's.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from sandbox.stack.core import Stack
-from sandbox.stack.wiring import TOPIC_PREFIX, clients, wiring
+from sandbox.realstack.core import RealStack
+from sandbox.stack.wiring import clients
 from shared.cloud.endpoint import choose_endpoint
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
@@ -37,7 +37,7 @@ from tpuprov.doctor.views import (
 class StackDeployment:
     """``Deployment`` over a started sandbox stack."""
 
-    def __init__(self, stack: Stack, expected: Expected, control_plane_endpoint: str = "auto") -> None:
+    def __init__(self, stack: RealStack, expected: Expected, control_plane_endpoint: str = "auto") -> None:
         self.stack = stack
         self.expected = expected
         env = stack.env()
@@ -108,8 +108,10 @@ class StackDeployment:
                 gke.get_cluster(self.settings.cluster_path), self.settings.control_plane_endpoint
             )
             endpoint = f"{chosen.kind} {chosen.host.removeprefix('https://')}"
-            # The sandbox's one Kubernetes API stands for whichever endpoint was chosen.
-            as_function = self.settings.with_overrides(emulator_access_token=token)
+            # The sandbox's one API server stands for whichever endpoint was chosen; the function
+            # reaches it with its own kubeconfig, as the stack deploys it.
+            kubeconfig = str(self.stack.kube_cluster.kubeconfig_for(function))
+            as_function = self.settings.with_overrides(emulator_access_token=token, kubeconfig=kubeconfig)
             connect(as_function, lambda: gke).list_pods("default")
         except TpuProvError as exc:
             return ReachView(function, endpoint, exc.why)
@@ -120,12 +122,3 @@ class StackDeployment:
 
     def admission_check(self, name: str) -> AdmissionCheckView:
         return admission_check_view(ClusterView(self.settings).objects, name)
-
-
-def install_addons(stack: Stack, timeout: float = 120.0) -> None:
-    """Install JobSet and Kueue as a deployment does: publish the setup message, wait for setup_cluster."""
-    topic = stack.publisher.topic_path(stack.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
-    stack.publisher.publish(topic, json.dumps({"cluster": stack.cluster.path}).encode()).result(timeout=30)
-    stack.wait_for(
-        lambda: stack.decisions("setup.done", function="setup_cluster"), timeout, "setup to install"
-    )
