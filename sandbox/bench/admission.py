@@ -11,8 +11,10 @@ asked for one. The figure is the virtual time from the reservation to the check'
 Three more figures for ``make bench`` (``sandbox.bench.runner``): today's pending-pod path for the
 same S (``sandbox.sim.scenario``: pods pending, FailedScheduling through the sink, then creates) to
 compare with; the fan-out's pace at ``create_latency`` seconds per CreateNodePool (time to all creates
-accepted, the busiest minute's calls against GKE's per-minute API quota); and a stockout of some
-slices (the Workload's check turns ``Retry``, which is when Kueue releases its quota).
+accepted, the busiest minute's calls against GKE's per-minute API quota, which the simulated GKE
+enforces, and the most operations GKE ran at once against its limit, which the product learns from
+GKE's refusals); and a stockout of some slices (the Workload's check turns ``Retry``, which is when
+Kueue releases its quota).
 
     python -m sandbox.bench.admission
 """
@@ -47,9 +49,9 @@ class Shape:
     create_seconds: tuple[float, float] = (240.0, 360.0)  # a TPU pool create: four to six minutes
     sink_delay: float = 5.0  # Cloud Logging -> Pub/Sub -> function
     redelivery: float = 10.0  # Pub/Sub's minimum backoff in infra
-    # Seconds GKE takes to answer one CreateNodePool (0: at once). The product's fan-out runs
-    # CREATE_CONCURRENCY calls at a time, so with equal latencies the k-th call of a delivery
-    # (0-based) is answered (k // concurrency + 1) x latency after the delivery started.
+    # Seconds GKE takes to answer one CreateNodePool (0: at once). The product's fan-out sends its
+    # creates in rounds (shared.provisioning.slots), each waiting for the last, so with equal
+    # latencies a call of a delivery's r-th round (from 1) is answered r x latency after it started.
     create_latency: float = 0.0
     stocked_out: int = 0  # slices the zone has no on-demand capacity for (their pools go to ERROR)
 
@@ -67,6 +69,11 @@ class Result:
     stockout_to_retry: float = math.inf  # the stocked-out pool's ERROR until the check said Retry
     requeue_after: int = 0  # the Retry's requeueAfterSeconds
     deadline_reached: bool = False  # a fan-out call would have started past the delivery's deadline
+    quota_refused: int = 0  # calls GKE refused for the project's per-minute API quota
+    busiest_minute_requests: int = 0  # every GKE call (reads too) in the busiest 60 s, as GKE counts
+    max_operations: int = 0  # the most operations GKE ran at once
+    learnt_limit: int | None = None  # the operation limit the product holds at the end
+    widest_round: int = 0  # the most creates one round sent
 
 
 def _workload(slices: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -125,7 +132,6 @@ def _run(shape: Shape, seed: int) -> Result:
     retry: list[tuple[float, int]] = []
     calls: list[float] = []  # when each CreateNodePool was answered
     accepted: list[float] = []
-    in_delivery = [0]
     past_deadline = [False]
 
     # One warm function instance: what it learnt from GKE (the operation limit) stays.
@@ -133,10 +139,11 @@ def _run(shape: Shape, seed: int) -> Result:
 
     def deliver(look: str) -> None:
         deliveries[0] += 1
-        in_delivery[0] = 0
         if not checker:
             checker.append(AdmissionChecker(SETTINGS, gke, kube, wall_clock=sim.clock))
         check = checker[0]
+        rounds[0] = check.pools.slots.rounds
+        per_round.clear()
         if look == "QuotaReserved":
             results: list[CheckResult] = [check.handle("team-a", "jobset-train-0", look)]
         else:
@@ -161,7 +168,12 @@ def _run(shape: Shape, seed: int) -> Result:
     rng = random.Random(seed)
     low, high = shape.create_seconds
     gke = SimGke(
-        sim, shape.op_limit, lambda r: r.uniform(low, high), seed=rng.randrange(1 << 30), on_finished=finished
+        sim,
+        shape.op_limit,
+        lambda r: r.uniform(low, high),
+        seed=rng.randrange(1 << 30),
+        on_finished=finished,
+        requests_per_minute=GKE_REQUESTS_PER_MINUTE,
     )
     if shape.stocked_out:
         capacity = CapacityModel(sim.clock)
@@ -170,11 +182,15 @@ def _run(shape: Shape, seed: int) -> Result:
         gke.capacity = capacity
     create = gke.create_node_pool
 
+    rounds = [0, 0]  # rounds of this instance when the delivery started; the widest round
+    per_round: dict[int, int] = {}
+
     def timed_create(cluster: str, spec: Any, why: str) -> str:
-        # Threads of the product's fan-out call this; the count decides when the call is answered.
-        k = in_delivery[0]
-        in_delivery[0] += 1
-        started = (k // SETTINGS.create_concurrency) * shape.create_latency
+        # Threads of the product's fan-out call this; its round decides when the call is answered.
+        r = checker[0].pools.slots.rounds - rounds[0]
+        per_round[r] = per_round.get(r, 0) + 1
+        rounds[1] = max(rounds[1], per_round[r])
+        started = (r - 1) * shape.create_latency
         past_deadline[0] = past_deadline[0] or started >= SETTINGS.request_deadline_seconds
         answered = sim.now + started + shape.create_latency
         calls.append(answered)
@@ -202,6 +218,11 @@ def _run(shape: Shape, seed: int) -> Result:
         stockout_to_retry=retry[0][0] - failed[0] if retry and failed else math.inf,
         requeue_after=retry[0][1] if retry else 0,
         deadline_reached=past_deadline[0],
+        quota_refused=gke.quota.refused(),
+        busiest_minute_requests=gke.quota.busiest_minute(gke.project),
+        max_operations=gke.stats.max_in_flight,
+        learnt_limit=checker[0].pools.slots.operation_limit if checker else None,
+        widest_round=rounds[1],
     )
 
 
@@ -216,7 +237,21 @@ def pending_pod_path(slices: int, op_limit: int = 20, seed: int = 1) -> float:
 
 READY_SLICES = (1, 4, 16)  # within GKE's operation limit: one fan-out, one create time
 FANOUT_SLICES = (64, 256)
-GKE_REQUESTS_PER_MINUTE = 3000  # the issue's figure for GKE's API quota per project
+# GKE's "Quotas and limits": the Kubernetes Engine API's default rate limit, per project.
+GKE_REQUESTS_PER_MINUTE = 3000
+LEARNT_LIMIT = 100  # a GKE operation limit below S, unknown to the product until GKE's 429 names it
+
+
+def slow_start_rounds(slices: int, settings: Settings = SETTINGS) -> int:
+    """Rounds a fan-out of ``slices`` creates takes when GKE accepts every one: the first is
+    CREATE_CONCURRENCY wide, each next one twice as wide, none wider than CREATE_CONCURRENCY_MAX."""
+    width = min(settings.create_concurrency, settings.create_concurrency_max)
+    rounds = 0
+    while slices > 0:
+        slices -= width
+        rounds += 1
+        width = min(2 * width, settings.create_concurrency_max)
+    return rounds
 
 
 def measure_all() -> dict[str, Any]:
@@ -236,17 +271,24 @@ def measure_all() -> dict[str, Any]:
             }
         )
     fanout = []
-    for slices in FANOUT_SLICES:
-        result = run(Shape(slices, op_limit=slices, create_latency=1.0))
+    for slices, op_limit in [(s, s) for s in FANOUT_SLICES] + [(FANOUT_SLICES[-1], LEARNT_LIMIT)]:
+        result = run(Shape(slices, op_limit=op_limit, create_latency=1.0))
         fanout.append(
             {
                 "slices": slices,
                 "create_latency_s": 1.0,
                 "concurrency": SETTINGS.create_concurrency,
-                "op_limit": slices,
+                "widest": SETTINGS.create_concurrency_max,
+                "widest_round": result.widest_round,
+                "rounds_bound": slow_start_rounds(slices),
+                "op_limit": op_limit,
+                "learnt_limit": result.learnt_limit,
+                "max_operations": result.max_operations,
                 "all_accepted_s": _finite(result.seconds_to_all_accepted),
                 "busiest_minute_calls": result.busiest_minute_calls,
+                "busiest_minute_requests": result.busiest_minute_requests,
                 "refused_429": result.creates_refused,
+                "quota_refused": result.quota_refused,
                 "past_deadline": result.deadline_reached,
             }
         )

@@ -125,10 +125,13 @@ def admission_lines(report: dict[str, Any]) -> list[str]:
     fanout = [
         [
             str(r["slices"]),
-            f"{r['concurrency']}",
+            f"{r['op_limit']} (learnt: {_or(r['learnt_limit'], 'never refused')})",
+            f"{r['concurrency']} -> {r['widest_round']}",
             f"**{_seconds(r['all_accepted_s'])}**",
-            str(r["busiest_minute_calls"]),
+            str(r["max_operations"]),
+            str(r["busiest_minute_requests"]),
             str(r["refused_429"]),
+            str(r["quota_refused"]),
         ]
         for r in part["fanout"]
     ]
@@ -143,10 +146,22 @@ def admission_lines(report: dict[str, Any]) -> list[str]:
             ["S", "reservation -> all slices ready", "pending-pod path: pod -> all pools RUNNING"], ready
         ),
         "",
-        "Fan-out at 1 s per CreateNodePool, GKE's operation limit >= S (GKE's API quota: 3000 requests/min):",
+        "Fan-out at 1 s per CreateNodePool: rounds from CREATE_CONCURRENCY, doubling while GKE accepts "
+        "them (up to CREATE_CONCURRENCY_MAX); the operation limit learnt from GKE's 429; GKE's API quota "
+        "3000 requests/min enforced by the simulated GKE (every call counted):",
         "",
         *_table(
-            ["S", "concurrency", "reservation -> all creates accepted", "busiest minute", "429s"], fanout
+            [
+                "S",
+                "GKE op limit",
+                "round width",
+                "reservation -> all creates accepted",
+                "most ops at once",
+                "busiest minute (requests)",
+                "429 too many ops",
+                "429 quota",
+            ],
+            fanout,
         ),
         "",
         f"One slice of {st['slices']} stocked out: the check said Retry "
@@ -155,6 +170,10 @@ def admission_lines(report: dict[str, Any]) -> list[str]:
         f"{st['requeue_after_s']} (backoff step {st['backoff_step_s']} s), {st['creates']} creates.",
         "",
     ]
+
+
+def _or(value: object, instead: str) -> str:
+    return instead if value is None else str(value)
 
 
 def _minutes(value: float | None) -> str:

@@ -173,16 +173,29 @@ def _admission_targets(part: dict[str, Any]) -> list[dict[str, Any]]:
         )
     for row in part["fanout"]:
         s = row["slices"]
-        value = math.inf if row["all_accepted_s"] is None else row["all_accepted_s"]
-        # ceil(S / CREATE_CONCURRENCY) calls of 1 s in a row, after the QuotaReserved Event's sink delay.
-        bound = math.ceil(s / row["concurrency"]) * row["create_latency_s"] + shape["sink_delay"]
-        out.append(
-            _target(f"admission check: all creates accepted, S={s} at 1 s per create", value, bound, "s")
-        )
+        if row["op_limit"] < s:
+            # GKE's limit is below S and unknown to the product: it learns it and fills it.
+            out.append(
+                _target(
+                    f"admission check: GKE operations at once, S={s}, limit {row['op_limit']} learnt",
+                    row["max_operations"],
+                    row["op_limit"],
+                    "ops",
+                    ok=row["max_operations"] == row["op_limit"] and row["learnt_limit"] == row["op_limit"],
+                )
+            )
+        else:
+            value = math.inf if row["all_accepted_s"] is None else row["all_accepted_s"]
+            # Rounds of 1 s (CREATE_CONCURRENCY wide, doubling up to CREATE_CONCURRENCY_MAX), after
+            # the QuotaReserved Event's sink delay.
+            bound = row["rounds_bound"] * row["create_latency_s"] + shape["sink_delay"]
+            out.append(
+                _target(f"admission check: all creates accepted, S={s} at 1 s per create", value, bound, "s")
+            )
         out.append(
             _target(
-                f"admission check: creates in the busiest minute, S={s}",
-                row["busiest_minute_calls"],
+                f"admission check: GKE requests in the busiest minute, S={s}, limit {row['op_limit']}",
+                row["busiest_minute_requests"],
                 bench_admission.GKE_REQUESTS_PER_MINUTE,
                 "calls",
             )

@@ -31,6 +31,7 @@ from sandbox.emulators.gke.capacity import (
     CapacityModel,
     Demand,
 )
+from sandbox.emulators.gke.quota import RequestQuota
 from sandbox.emulators.gke.rules import TPU_MACHINES, ApiError
 from sandbox.sim.engine import Simulation
 from shared.core.errors import (
@@ -123,8 +124,12 @@ class SimGke:
         capacity: CapacityModel | None = None,
         project: str = "sim",
         flex_poll: float = 30.0,
+        requests_per_minute: int = 0,
     ) -> None:
+        """``requests_per_minute`` > 0 holds the project to GKE's API quota in virtual time (every
+        call counted, as the HTTP emulator counts them; 0: no quota)."""
         self.sim = sim
+        self.quota = RequestQuota(sim.clock, requests_per_minute)
         self.op_limit = op_limit
         self.durations = durations
         self.rng = random.Random(seed)
@@ -144,6 +149,10 @@ class SimGke:
 
     def _call(self) -> None:
         self.spent += self.latency
+        try:
+            self.quota.admit(self.project)
+        except ApiError as err:  # the adapter's translation of the 429 (not the operation limit)
+            raise TransientError(f"GKE: {err.message}") from err
 
     def _too_many(self, cluster: str) -> str:
         text = TOO_MANY_OPERATIONS.format(cluster=cluster.rsplit("/", 1)[-1], limit=self.op_limit)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from sandbox.bench.admission import GKE_REQUESTS_PER_MINUTE, SETTINGS, Shape, run
+from sandbox.bench.admission import (
+    GKE_REQUESTS_PER_MINUTE,
+    LEARNT_LIMIT,
+    SETTINGS,
+    Shape,
+    run,
+    slow_start_rounds,
+)
 
 
 def test_all_slices_are_ready_about_one_pool_create_after_the_reservation_whatever_their_number() -> None:
@@ -34,6 +41,20 @@ def test_a_wide_fan_out_at_one_second_per_create_stays_within_the_delivery_and_t
     result = run(Shape(256, op_limit=256, create_latency=1.0))
     assert result.creates_accepted == 256 and result.creates_refused == 0
     assert not result.deadline_reached
-    # CREATE_CONCURRENCY calls at a time: 32 rounds of one second after the QuotaReserved delivery.
-    assert result.seconds_to_all_accepted == 5.0 + 256 / SETTINGS.create_concurrency
-    assert result.busiest_minute_calls <= GKE_REQUESTS_PER_MINUTE
+    # Rounds of 8, 16, 32, then CREATE_CONCURRENCY_MAX (64) after the QuotaReserved delivery.
+    assert slow_start_rounds(256) == 7
+    assert result.seconds_to_all_accepted == 5.0 + slow_start_rounds(256)
+    assert result.widest_round == SETTINGS.create_concurrency_max
+    assert result.quota_refused == 0
+    assert result.busiest_minute_requests <= GKE_REQUESTS_PER_MINUTE
+
+
+def test_the_fan_out_learns_gkes_operation_limit_and_fills_it_without_a_quota_refusal() -> None:
+    # GKE runs at most 100 operations; the product is not told, and learns it from GKE's first 429.
+    result = run(Shape(256, op_limit=LEARNT_LIMIT, create_latency=1.0))
+    assert result.learnt_limit == LEARNT_LIMIT
+    assert result.max_operations == LEARNT_LIMIT  # concurrency reached GKE's limit, never beyond
+    assert result.creates_refused == 1  # the 429 that named it; nothing is sent beyond it after
+    assert result.creates_accepted == 256
+    assert result.quota_refused == 0
+    assert result.busiest_minute_requests <= GKE_REQUESTS_PER_MINUTE

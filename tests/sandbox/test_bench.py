@@ -137,7 +137,7 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     assert "## Performance" in capsys.readouterr().out
     # The admission check's figures run in virtual time: every one of them is judged here.
     admission = [t for t in report["targets"] if t["name"].startswith("admission check")]
-    assert len(admission) == 10 and all(t["met"] for t in admission), admission
+    assert len(admission) == 12 and all(t["met"] for t in admission), admission
     assert "**Slices before pods**" in markdown
 
 
@@ -148,7 +148,8 @@ def test_fanout_part_sends_every_create_once_within_the_concurrency(env):
     result = bench_fanout.run(env, shape)
     assert (result.deliveries, result.creates_sent, result.creates_accepted) == (1, 10, 10)
     assert result.too_many_operations == result.incompatible_operation == 0
-    assert result.max_in_flight == 4
+    # A round of four (CREATE_CONCURRENCY), all accepted, then one twice as wide for the other six.
+    assert result.max_in_flight == 6
     assert env.gke.running_operations(env.settings.cluster_path) == 10  # realism switched off after
 
 
