@@ -1,9 +1,10 @@
 """Deliveries at the function boundary with call accounting and output capture (fuzz and corpus tests).
 
-``started`` runs both emulators and the provision/release apps in-process; ``deliver`` posts one
-HTTP request through functions-framework's app and reports the status, the product's JSON log
-lines, everything else logged or written to stderr, and how many GKE and Kubernetes API requests
-the delivery caused. The envelope helpers build Eventarc/Pub/Sub wrappings around arbitrary, even
+``started`` runs the GKE emulator and the provision/release apps in-process against a real API server
+(the functions' requests counted from its audit log); ``deliver`` posts one HTTP request through
+functions-framework's app and reports the status, the product's JSON log lines, everything else
+logged or written to stderr, and how many GKE and Kubernetes API requests the delivery caused.
+The envelope helpers build Eventarc/Pub/Sub wrappings around arbitrary, even
 wrong-typed, content.
 """
 
@@ -20,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.emulators.logging import entries as logentries
+from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 from shared.core import logs
@@ -36,10 +37,10 @@ SUBSCRIPTION = f"projects/{CLUSTER_ID.project}/subscriptions/s"
 
 @dataclass
 class Boundary:
-    """Both emulators and one in-process app per function, configured against them."""
+    """The GKE emulator, the API server and one in-process app per function, configured against them."""
 
     gke: GkeEmulator
-    kube: KubeApiServer
+    kube: KubeHandle
     settings: Settings
     apps: dict[str, FunctionClient]
 
@@ -49,27 +50,25 @@ class Boundary:
 
 
 @contextlib.contextmanager
-def started(functions: tuple[str, ...] = ("provision", "release")) -> Iterator[Boundary]:
-    """Start the emulators (no CRDs: bad input must never get that far) and the functions' apps."""
+def started(kube: KubeHandle, functions: tuple[str, ...] = ("provision", "release")) -> Iterator[Boundary]:
+    """Start the GKE emulator and the functions' apps (as provision's identity) against ``kube``."""
     gke = GkeEmulator([ClusterSeed(CLUSTER_ID.project, CLUSTER_ID.location, CLUSTER_ID.name)], op_delay=0)
     gke.start()
     try:
-        kube = KubeApiServer().start()
+        settings = Settings(
+            project_id=CLUSTER_ID.project,
+            location=CLUSTER_ID.location,
+            cluster_name=CLUSTER_ID.name,
+            gke_api_endpoint=gke.url,
+            kubeconfig=str(kube.kubeconfig_for("provision")),
+        )
+        entry.reset_runtime(settings)
+        apps = {name: FunctionClient(name, project=CLUSTER_ID.project) for name in functions}
         try:
-            settings = Settings(
-                project_id=CLUSTER_ID.project,
-                location=CLUSTER_ID.location,
-                cluster_name=CLUSTER_ID.name,
-                gke_api_endpoint=gke.url,
-                kube_api_endpoint=kube.url,
-            )
-            entry.reset_runtime(settings)
-            apps = {name: FunctionClient(name, project=CLUSTER_ID.project) for name in functions}
             yield Boundary(gke, kube, settings, apps)
         finally:
             entry.reset_runtime(None)
             logs.configure()
-            kube.stop()
     finally:
         gke.stop()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sandbox.kube.snapshot import delete_keys
 from sandbox.kube.webhooks import FailingWebhook
 from sandbox.testing.fixtures.kube import KUEUE_MANIFEST, KubeHandle, crds
 from sandbox.testing.fnclient import LoggedFunction, served_function
@@ -23,6 +24,7 @@ KUEUE = "kueue.x-k8s.io/v1beta2"
 MANAGED = "tpuprov.dev/managed-by=tpu-provisioner"
 SEED = DEFAULT_CONFIG.read_bytes()
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CRD_KEYS = "/registry/apiextensions.k8s.io/customresourcedefinitions"  # in etcd
 MANAGED_KINDS = (
     ("scheduling.k8s.io/v1", "priorityclasses"),
     (KUEUE, "workloadpriorityclasses"),
@@ -191,11 +193,10 @@ def test_kueue_webhook_errors_are_retried_then_handed_back(
 
 @pytest.mark.integration
 def test_a_cluster_without_kueue_asks_for_redelivery(kube_server: KubeHandle) -> None:
-    # Kueue not installed (the next test's reset installs its CRDs again).
-    paths = [f"{CRDS}/{crd['metadata']['name']}" for crd in crds(KUEUE_MANIFEST)]
-    for path in paths:
-        kube_server.admin.delete(path)
-    while any(kube_server.admin.get(path) for path in paths):
+    # Kueue not installed: its CRDs go from the store at once (the next test's reset puts them back).
+    names = [str(crd["metadata"]["name"]) for crd in crds(KUEUE_MANIFEST)]
+    delete_keys(kube_server.cluster.etcd_url, [f"{CRD_KEYS}/{name}" for name in names])
+    while any(kube_server.admin.get(f"{CRDS}/{name}") for name in names):
         time.sleep(0.05)
     with _function(kube_server.kubeconfig_for("apply_kueue")) as fn:
         response = fn.post(None)

@@ -3,7 +3,7 @@
 Hypothesis builds deliveries from valid ones by breaking one thing at a time (the HTTP body, the
 CloudEvent, the Pub/Sub envelope, the LogEntry, its names, labels and types) and posts each through
 functions-framework's app to ``provision`` or ``release``. For every one: 2xx or a clean 4xx, a
-logged reason, no call to the GKE emulator or the Kubernetes API, and no traceback anywhere.
+logged reason, no call to the GKE emulator or the real API server, and no traceback anywhere.
 The hand-picked corpus in ``tests/data/bad_inputs/`` runs too, one case per file.
 """
 
@@ -20,6 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sandbox.emulators.logging import entries as logentries
+from sandbox.kube.cluster import RealCluster
+from sandbox.kube.snapshot import Snapshot
 from sandbox.testing import boundary as bench_boundary
 from sandbox.testing.boundary import (
     CLUSTER_ID,
@@ -33,6 +35,7 @@ from sandbox.testing.boundary import (
     wrap,
     wrap_body,
 )
+from sandbox.testing.fixtures.kube import KubeHandle
 from shared.events.envelope import MAX_LOG_ENTRY_BYTES, PUBSUB_EVENT_TYPE
 from shared.events.fields import (
     CONTROLLER_NAME_LABEL,
@@ -50,9 +53,10 @@ REASON_EVENTS = {"provision.ignored", "release.ignored", "delivery.acked"}
 
 
 @pytest.fixture(scope="module")
-def boundary() -> Iterator[Boundary]:
-    """Emulators shared by every example (calls are checked as deltas), functions wired to them."""
-    with bench_boundary.started() as started:
+def boundary(kube_cluster: tuple[RealCluster, Snapshot]) -> Iterator[Boundary]:
+    """The GKE emulator and the session's API server shared by every example (calls are checked as
+    deltas; bad input writes nothing), functions wired to them."""
+    with bench_boundary.started(KubeHandle(kube_cluster[0])) as started:
         yield started
 
 
