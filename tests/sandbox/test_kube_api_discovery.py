@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,24 @@ import pytest
 import requests
 import yaml
 from kubernetes import client
-from kubernetes.client import ApiException
+from kubernetes.client import ApiClient, ApiException
 
 from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.testing.fixtures.kube import JOBSET_MANIFEST
 from tests.paths import REPO
+from tests.sandbox import standin_kube
+
+
+# The stand-in's own tests: the suite-wide kube_server is the real API server.
+@pytest.fixture
+def kube_server() -> Iterator[KubeApiServer]:
+    yield from standin_kube.server()
+
+
+@pytest.fixture
+def kube_client(kube_server: KubeApiServer) -> Iterator[ApiClient]:
+    yield from standin_kube.api_client(kube_server)
+
 
 DISCOVERY_CASES = [
     # (API class, resource, kind, namespaced, a short name or "", a verb that must be listed)

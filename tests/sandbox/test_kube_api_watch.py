@@ -12,9 +12,22 @@ from typing import Any
 import pytest
 import requests
 from kubernetes import client, watch
-from kubernetes.client import ApiException
+from kubernetes.client import ApiClient, ApiException
 
 from sandbox.emulators.kube.api import KubeApiServer
+from tests.sandbox import standin_kube
+
+
+# The stand-in's own tests: the suite-wide kube_server is the real API server.
+@pytest.fixture
+def kube_server() -> Iterator[KubeApiServer]:
+    yield from standin_kube.server()
+
+
+@pytest.fixture
+def kube_client(kube_server: KubeApiServer) -> Iterator[ApiClient]:
+    yield from standin_kube.api_client(kube_server)
+
 
 JOBSETS = ("jobset.x-k8s.io", "v1alpha2")
 SPEC = {"containers": [{"name": "main", "image": "busybox"}]}
