@@ -194,11 +194,13 @@ def handover_lines(report: dict[str, Any]) -> list[str]:
 
     problems = h["problems"]
     return [
-        f"**Handover on a queued workload** (a whole sandbox stack with the simulated Kueue): {n} "
+        f"**Handover on a queued workload** (the real stack: API server, scheduler, JobSet and Kueue "
+        f"controllers, KWOK nodes): {n} "
         f"same-shape JobSets of one v5e 2x4 slice queued at once in a ClusterQueue whose quota fits "
         f"{concurrent}; each later JobSet's pods land on a finished one's idle nodes and the product "
-        f"adopts the pool instead of deleting it. Admission = Kueue unsuspends the JobSet; Running = "
-        f"its last pod bound. Creates take {h['gke_op_seconds']:.1f} s in the emulator (minutes on GKE), "
+        f"adopts the pool instead of deleting it. Admission = Kueue's Admitted Event on the Workload; "
+        f"Running = the scheduler's Scheduled Event of its last pod. Creates take "
+        f"{h['gke_op_seconds']:.1f} s in the emulator (minutes on GKE), "
         f"so the fresh figure is a floor.",
         "",
         *_table(
