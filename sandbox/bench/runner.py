@@ -51,7 +51,7 @@ class BenchConfig:
     cluster: bench_cluster.ClusterShape = field(default_factory=bench_cluster.ClusterShape)
     cold_start: bool = True
     simulation: bool = True  # the virtual-time waves (seconds of real time)
-    handover: bool = True  # the queued same-shape workload on a whole sandbox stack (about a minute)
+    handover: bool = True  # the queued same-shape workload on the real stack (about 3 minutes)
     handover_shape: bench_handover.HandoverShape = field(default_factory=bench_handover.HandoverShape)
     log_dir: Path | None = None  # function process logs; a temporary directory when None
 
