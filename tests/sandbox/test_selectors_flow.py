@@ -8,6 +8,7 @@ it running, or refused with an Event and no pool.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from sandbox.cluster.common import RUN_SECONDS_ANNOTATION
 from sandbox.stack.core import Stack
 from sandbox.testing.stack import (
+    FAST,
     assert_clean_run,
     create_requests,
     events_about,
@@ -28,6 +30,13 @@ from sandbox.testing.stack import (
 from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("timeline_on_failure")]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    """The stand-in sandbox (FAST), until these scenarios run on the real stack."""
+    with Stack(FAST) as running:
+        yield running
 
 
 def _pods(stack: Stack, name: str) -> list[dict[str, Any]]:

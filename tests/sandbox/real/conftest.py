@@ -8,8 +8,6 @@ import pytest
 
 from sandbox.kube import netns
 from sandbox.kube.cluster import RealCluster
-from sandbox.realstack.core import RealStack
-from sandbox.testing.stack import REAL_FAST
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,13 +20,4 @@ def pytest_configure(config: pytest.Config) -> None:
 def cluster() -> Iterator[RealCluster]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK on loopback."""
     with RealCluster() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[RealStack]:
-    """The product on the real components for the module (``REAL_FAST``), set up once: the
-    product's ``setup_cluster`` has installed JobSet and Kueue and both controllers serve."""
-    with RealStack(REAL_FAST) as running:
-        running.setup()
         yield running

@@ -21,6 +21,7 @@ from sandbox.realstack import demo
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from sandbox.stack.wiring import RetryPolicy
+from sandbox.testing.stack import condition, events_about, restarts, workload
 from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,6 +63,29 @@ def test_the_multislice_kueue_flow_runs_on_the_real_components(
     assert summary.pools_leaked == []
     assert summary.pools_adopted >= 1
     assert summary.pods_killed == 0
+
+
+def test_the_queued_jobsets_ran_on_the_first_ones_pools_once_each(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """Ported from tests/sandbox/test_kueue_flow.py (the same three JobSets; there the simulated
+    Kueue admitted them): the real Kueue admitted each once (its ``Started`` Event on the JobSet)
+    and finished its Workload; the queued JobSets adopted the first one's pools, which it handed
+    over, and none restarted."""
+    names = [name for name, _ in demo.JOBSETS]
+    assert {name: restarts(stack, name) for name in names} == dict.fromkeys(names, 0)
+    adopters = {e["involvedObject"]["name"] for e in stack.events(labels.REASON_ADOPTED, "default")}
+    assert adopters and adopters <= {"multislice-1", "multislice-2"}, adopters
+    handed = [e["message"] for e in events_about(stack, labels.REASON_RELEASED, "multislice-3")]
+    assert any("handed node pool" in m for m in handed), handed
+    started = [
+        e["involvedObject"]["name"]
+        for e in stack.events("Started", "default")
+        if e["involvedObject"].get("kind") == "JobSet" and e["involvedObject"]["name"] in names
+    ]
+    assert sorted(started) == sorted(names)  # each admitted exactly once
+    for name in names:
+        assert condition(workload(stack, name), "Finished"), name
 
 
 def test_setup_cluster_installed_both_releases_unmodified(stack: RealStack, outcome: demo.Outcome) -> None:
