@@ -22,7 +22,7 @@ from sandbox.emulators.logging import entries as logentries
 from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
 from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
 from sandbox.kube.nodes import node_manifests, pool_from_gke
-from sandbox.stack.demo import is_routine
+from sandbox.realstack.demo_cli import is_routine
 from sandbox.stack.timeline import Timeline, TimelineEntry
 from sandbox.stack.wiring import (
     FUNCTIONS,
