@@ -25,7 +25,8 @@ from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.procs import DeliveryError, PeakRss, first_2xx, launched, peak_rss, post
 from sandbox.jobsets import cpu_jobset, tpu_jobset
-from shared.cloud.gke import GkeNodePoolAPI, spec_to_node_pool
+from shared.cloud.gke import GkeNodePoolAPI
+from shared.cloud.gke_messages import spec_to_node_pool
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.slices import build_node_pool, slice_request
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from shared.cloud.kube import event_object
+from shared.cloud.kube_events import event_object
 from shared.core import labels
 
 JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"

@@ -46,7 +46,7 @@ def make_pool(
 
     Auto-upgrade and auto-repair default to on, which every cluster accepts (the emulator's default
     cluster is enrolled in a release channel, like a new GKE cluster). ``flex_start`` builds the pool
-    the way the product (``shared.cloud.gke.spec_to_node_pool``) and GKE's examples do: no initial
+    the way the product (``shared.cloud.gke_messages.spec_to_node_pool``) and GKE's examples do: no initial
     nodes, autoscaling 0..``nodes`` in total with location policy ANY, no reservation, no auto-repair.
     """
     pool = gke.NodePool(

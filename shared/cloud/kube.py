@@ -4,15 +4,13 @@
 for raw JSON (``_preload_content=False``): the product needs a handful of fields, and skipping the
 client's model deserialization keeps per-event overhead in the low milliseconds. ``request_json``
 is the product's one raw-request path (``shared.cloud.objects`` uses it too) and translates library
-errors into ``shared.core.errors``; ``event_object`` builds the Events the product records, and
-``connect`` builds a client for a cluster found through GKE.
+errors into ``shared.core.errors``; ``connect`` builds a client for a cluster found through GKE.
+The Events it records are built by ``shared.cloud.kube_events``.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime
-import hashlib
 import json
 import logging
 import tempfile
@@ -21,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from shared.cloud.endpoint import choose_endpoint
+from shared.cloud.kube_events import event_name, event_object, timestamp
 from shared.cloud.permissions import denied_permission
 from shared.core import labels, logs
 from shared.core.errors import (
@@ -40,61 +39,6 @@ JOBSET_PATH = f"/apis/{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
 KUEUE_PATH = "/apis/kueue.x-k8s.io/v1beta2"
 # The field manager of the check's status entries (server-side apply owns only what it sets).
 CHECK_FIELD_MANAGER = "tpu-provisioner-admission-check"
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def event_object(
-    involved: dict[str, Any],
-    reason: str,
-    message: str,
-    *,
-    warning: bool = False,
-    component: str = labels.EVENT_COMPONENT,
-    name: str = "",
-) -> dict[str, Any]:
-    """A core/v1 Event about ``involved`` as an event recorder writes it (``generateName`` unless named)."""
-    meta = involved.get("metadata") or {}
-    namespace = meta.get("namespace") or "default"
-    now = _now()
-    event_meta = {"name": name} if name else {"generateName": f"{meta.get('name', 'object')}."}
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {**event_meta, "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": involved.get("apiVersion", ""),
-            "kind": involved.get("kind", ""),
-            "name": meta.get("name", ""),
-            "namespace": namespace,
-            "uid": meta.get("uid", ""),
-            "resourceVersion": meta.get("resourceVersion", ""),
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": component},
-        "reportingComponent": component,
-        "reportingInstance": component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-
-
-def event_name(involved: dict[str, Any], reason: str, message: str) -> str:
-    """The deterministic name of the Event about ``involved`` with this reason and message.
-
-    Kubernetes' event recorder aggregates repeats of one (object, reason, message) into one Event
-    whose ``count`` and ``lastTimestamp`` grow; a name derived from exactly those lets stateless
-    function instances do the same: the first create wins, every repeat answers 409 and bumps it.
-    """
-    meta = involved.get("metadata") or {}
-    key = "\x00".join((str(meta.get("uid", "")), str(meta.get("name", "")), reason, message[:1024]))
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return f"{str(meta.get('name') or 'object')[:200]}.{digest}"
 
 
 class KubeClient:
@@ -216,7 +160,7 @@ class KubeClient:
                 self._call("POST", events, body=event)
             except AlreadyExistsError:
                 existing = self._call("GET", f"{events}/{quote(name)}")
-                bump = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": _now()}
+                bump = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": timestamp()}
                 request_json(
                     self.api_client,
                     "PATCH",
@@ -287,7 +231,7 @@ class KubeClient:
             "status": "True",
             "reason": "Active",
             "message": message[:32768],
-            "lastTransitionTime": _now(),
+            "lastTransitionTime": timestamp(),
         }
         body = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from sandbox.emulators.gke.emulator import GkeEmulator
-from shared.cloud.gke import GkeNodePoolAPI, spec_to_node_pool
+from shared.cloud.gke import GkeNodePoolAPI
+from shared.cloud.gke_messages import spec_to_node_pool
 from shared.core.errors import (
     AlreadyExistsError,
     InvalidInputError,

@@ -125,7 +125,7 @@ KEY = "projects/p/locations/us-east5/keyRings/tpu/cryptoKeys/boot"
 
 
 def test_boot_disk_kms_key_reaches_the_pool_and_the_request():
-    from shared.cloud.gke import spec_to_node_pool
+    from shared.cloud.gke_messages import spec_to_node_pool
 
     spec, _ = build_node_pool(settings(BOOT_DISK_KMS_KEY=KEY), slice_request(pod()))
     assert spec.boot_disk_kms_key == KEY
@@ -143,7 +143,7 @@ IMAGE = "projects/p/global/images/jax-cache"
 
 
 def test_secondary_boot_disks_and_additional_networks_reach_the_request():
-    from shared.cloud.gke import spec_to_node_pool
+    from shared.cloud.gke_messages import spec_to_node_pool
 
     configured = settings(
         SECONDARY_BOOT_DISKS=f"{IMAGE}=CONTAINER_IMAGE_CACHE, projects/p/global/images/weights",
@@ -201,7 +201,7 @@ NODE_OPTIONS = [
 
 @pytest.mark.parametrize(("env", "shielded", "upgrade"), NODE_OPTIONS)
 def test_shielded_and_upgrade_settings(env, shielded, upgrade):
-    from shared.cloud.gke import spec_to_node_pool
+    from shared.cloud.gke_messages import spec_to_node_pool
 
     message = spec_to_node_pool(build_node_pool(settings(**env), slice_request(pod()))[0])
     config = message.config.shielded_instance_config
@@ -221,7 +221,7 @@ def _shaped(accelerator: str, topology: str):
 
 
 def test_confidential_storage_on_a_hyperdisk_generation():
-    from shared.cloud.gke import spec_to_node_pool
+    from shared.cloud.gke_messages import spec_to_node_pool
 
     spec, _ = build_node_pool(
         settings(CONFIDENTIAL_STORAGE="true", BOOT_DISK_KMS_KEY=KEY), _shaped("tpu-v6e-slice", "2x4")

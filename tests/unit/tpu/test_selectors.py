@@ -311,7 +311,7 @@ def test_predicted_node_labels_are_the_registered_nodes_labels(extra):
     from google.protobuf import json_format
 
     from sandbox.kube.nodes import node_manifests, pool_from_gke
-    from shared.cloud.gke import spec_to_node_pool
+    from shared.cloud.gke_messages import spec_to_node_pool
 
     _, spec, shape = _built(accelerator="tpu-v5p-slice", topology="2x2x2", selectors=extra)
     sent = json_format.MessageToDict(container_v1.NodePool.pb(spec_to_node_pool(spec)))
