@@ -6,7 +6,7 @@ VM. ``resolve`` turns those three values into a ``SliceShape``: the machine type
 and the placement the node pool must be created with, or raises ``UnsupportedShape`` for
 anything GKE would refuse.
 
-The facts live in one table per generation (``_GENERATIONS``) plus a few small rules. The node
+The facts live in one table per generation (``GENERATIONS``) plus a few small rules. The node
 count is always ``total chips / chips per VM`` and the machine type is looked up, never built
 from a format string: a controller that assumes four chips per VM, or pastes the request into
 ``...-{n}t``, asks GKE for machine types that do not exist (``ct6e-standard-16t``).
@@ -20,6 +20,18 @@ import itertools
 import math
 import re
 from collections.abc import Iterator
+
+from shared.tpu.generations import (
+    BY_ACCELERATOR,
+    BY_MACHINE_TYPE,
+    GENERATIONS,
+    PLACEMENT_COMPACT,
+    PLACEMENT_NONE,
+    PLACEMENT_WORKLOAD_POLICY,
+    Generation,
+    MachineTypeInfo,
+    dims,
+)
 
 __all__ = [
     "PLACEMENT_COMPACT",
@@ -36,12 +48,6 @@ __all__ = [
     "machine_type_chips",
     "resolve",
 ]
-
-# How a node pool's VMs are placed. A single-host pool gets no TPU placement policy at all,
-# because GKE rejects a TPU topology on a one-VM pool.
-PLACEMENT_NONE = "none"
-PLACEMENT_COMPACT = "compact"  # COMPACT placement policy carrying tpu_topology (v4, v5e, v5p, v6e)
-PLACEMENT_WORKLOAD_POLICY = "workload-policy"  # a named workload policy (tpu7x multi-host)
 
 
 class UnsupportedShape(ValueError):
@@ -64,15 +70,6 @@ class SliceShape:
 
 
 @dataclasses.dataclass(frozen=True)
-class MachineTypeInfo:
-    """One TPU machine type: its name, chips per VM, and whether it only ever forms one-VM slices."""
-
-    name: str
-    chips: int
-    single_host_only: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class AcceleratorInfo:
     """What the catalog offers for one accelerator label value (for humans and the CLI)."""
 
@@ -87,142 +84,15 @@ class AcceleratorInfo:
     boot_disk_types: tuple[str, ...] = ()  # boot disk types the VMs support; the first is the default
 
 
-@dataclasses.dataclass(frozen=True)
-class _Generation:
-    accelerator: str
-    generation: str
-    dimensions: int
-    machine_types: tuple[MachineTypeInfo, ...]
-    # Topologies listed one by one in the docs, smallest first.
-    listed: tuple[str, ...]
-    # 3D generations also take AxBxC with A <= B <= C, every dimension a multiple of 4, up to
-    # this many chips. 0 means the listed topologies are the whole set.
-    cube_max_chips: int
-    multi_host_placement: str
-    # Boot disk types the machine family supports, the default first (see _DISKS_* below).
-    boot_disk_types: tuple[str, ...]
-
-    @property
-    def max_chips(self) -> int:
-        listed_max = max(math.prod(_dims(t)) for t in self.listed)
-        return max(listed_max, self.cube_max_chips)
-
-    def describe(self) -> str:
-        return f"{self.generation} ({self.accelerator})"
-
-
-def _dims(topology: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in topology.split("x"))
-
-
-# Boot disks. Cloud TPU "Attach durable block storage to a TPU VM", supported-disk-types table: v4,
-# v5e and v5p VMs take Balanced Persistent Disk only; v6e VMs take Hyperdisk only (Balanced or ML,
-# and GKE boots nodes from Hyperdisk Balanced, the one Hyperdisk type its boot-disk list names:
-# GKE "Configuring a custom boot disk"). Compute refuses the other kind for the machine family.
-# Ironwood (tpu7x) is not in that table; like the other newest Compute families it boots from
-# Hyperdisk Balanced only (stated in this project's issue 12, not found verbatim in the docs).
-_DISKS_PD = ("pd-balanced",)
-_DISKS_HYPERDISK = ("hyperdisk-balanced",)
-
-# --- The tables. Each fact is restated from Google's documentation, cited per generation.
-_GENERATIONS: tuple[_Generation, ...] = (
-    # v4. GKE "Plan TPUs in GKE", v4/v5p table: one machine type with 4 chips per VM; 2x2x1 is the
-    # only single-host shape, 2x2x2, 2x2x4 and 2x4x4 are the small multi-host ones, and larger
-    # slices are custom AxBxC shapes. Cloud TPU "TPU types and topologies": v4 shapes are AxBxC
-    # with A <= B <= C, all dimensions either <= 4 or multiples of 4; below 64 chips only the
-    # shapes GKE's table names are accepted. Cloud TPU "TPU v4": a v4 Pod holds 4096 chips,
-    # which bounds a slice.
-    _Generation(
-        accelerator="tpu-v4-podslice",
-        generation="v4",
-        dimensions=3,
-        machine_types=(MachineTypeInfo("ct4p-hightpu-4t", 4),),
-        listed=("2x2x1", "2x2x2", "2x2x4", "2x4x4"),
-        cube_max_chips=4096,
-        multi_host_placement=PLACEMENT_COMPACT,
-        boot_disk_types=_DISKS_PD,
-    ),
-    # v5e. GKE "Plan TPUs in GKE", v5e table, and Cloud TPU "TPU v5e" supported 2D shapes:
-    # 1x1 to 16x16 (256 chips at most); VMs carry 1, 4 or 8 chips. The 1-chip type only forms a
-    # 1x1 and the 8-chip type only a one-VM 2x4; every multi-VM slice (2x4 on two VMs up to
-    # 16x16) uses ct5lp-hightpu-4t.
-    _Generation(
-        accelerator="tpu-v5-lite-podslice",
-        generation="v5e",
-        dimensions=2,
-        machine_types=(
-            MachineTypeInfo("ct5lp-hightpu-1t", 1, single_host_only=True),
-            MachineTypeInfo("ct5lp-hightpu-4t", 4),
-            MachineTypeInfo("ct5lp-hightpu-8t", 8, single_host_only=True),
-        ),
-        listed=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-        cube_max_chips=0,
-        multi_host_placement=PLACEMENT_COMPACT,
-        boot_disk_types=_DISKS_PD,
-    ),
-    # v5p. GKE "Plan TPUs in GKE", v4/v5p table (same shape rules as v4, machine type
-    # ct5p-hightpu-4t). Cloud TPU "TPU v5p": a v5p Pod holds 8960 chips; its configurations table
-    # lists common shapes up to 16x16x24 (6144 chips, the largest "scheduled job" it names) and
-    # says the list is not exhaustive. Full-pod slices such as 16x20x28 (8960 chips) and 12x24x24
-    # (6912) are in use, so the bound is the pod, not the table's largest row.
-    _Generation(
-        accelerator="tpu-v5p-slice",
-        generation="v5p",
-        dimensions=3,
-        machine_types=(MachineTypeInfo("ct5p-hightpu-4t", 4),),
-        listed=("2x2x1", "2x2x2", "2x2x4", "2x4x4"),
-        cube_max_chips=8960,
-        multi_host_placement=PLACEMENT_COMPACT,
-        boot_disk_types=_DISKS_PD,
-    ),
-    # v6e. Cloud TPU "TPU v6e", supported-configurations table (topology, chips, VMs, GKE machine
-    # type): 1x1 on ct6e-standard-1t; 2x2 on one ct6e-standard-4t; 2x4 on one ct6e-standard-8t
-    # or on two ct6e-standard-4t (the latter only through GKE); 4x4 to 16x16 on 4-chip VMs.
-    _Generation(
-        accelerator="tpu-v6e-slice",
-        generation="v6e",
-        dimensions=2,
-        machine_types=(
-            MachineTypeInfo("ct6e-standard-1t", 1, single_host_only=True),
-            MachineTypeInfo("ct6e-standard-4t", 4),
-            MachineTypeInfo("ct6e-standard-8t", 8, single_host_only=True),
-        ),
-        listed=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
-        cube_max_chips=0,
-        multi_host_placement=PLACEMENT_COMPACT,
-        boot_disk_types=_DISKS_HYPERDISK,
-    ),
-    # Ironwood. GKE "About TPUs in GKE": tpu7x topologies are 3-tuples like v4/v5p. GKE "Ironwood
-    # (TPU7x) in GKE": each VM has four chips, and a multi-host pool is placed by a workload
-    # policy passed as the placement policy instead of a TPU topology. Cloud TPU "TPU7x": a Pod
-    # holds 9216 chips. The 1-chip tpu7x-standard-1t serves only the 1x1x1 shape (Google's XPK
-    # system-characteristics table).
-    _Generation(
-        accelerator="tpu7x",
-        generation="tpu7x",
-        dimensions=3,
-        machine_types=(
-            MachineTypeInfo("tpu7x-standard-1t", 1, single_host_only=True),
-            MachineTypeInfo("tpu7x-standard-4t", 4),
-        ),
-        listed=("1x1x1", "2x2x1", "2x2x2", "2x2x4", "2x4x4"),
-        cube_max_chips=9216,
-        multi_host_placement=PLACEMENT_WORKLOAD_POLICY,
-        boot_disk_types=_DISKS_HYPERDISK,
-    ),
-)
-
-_BY_ACCELERATOR = {g.accelerator: g for g in _GENERATIONS}
-_BY_MACHINE_TYPE = {m.name: (g, m) for g in _GENERATIONS for m in g.machine_types}
 _DIMENSION = re.compile(r"[1-9][0-9]*")
 
 
-def _generation(accelerator: str) -> _Generation:
+def _generation(accelerator: str) -> Generation:
     if not isinstance(accelerator, str):
         raise UnsupportedShape(f"TPU accelerator must be a string, got {type(accelerator).__name__}")
-    gen = _BY_ACCELERATOR.get(accelerator.strip())
+    gen = BY_ACCELERATOR.get(accelerator.strip())
     if gen is None:
-        known = ", ".join(_BY_ACCELERATOR)
+        known = ", ".join(BY_ACCELERATOR)
         raise UnsupportedShape(
             f"unknown TPU accelerator {accelerator!r} (node label cloud.google.com/gke-tpu-accelerator); "
             f"known accelerators: {known}"
@@ -234,11 +104,11 @@ def _chips(n: int) -> str:
     return f"{n} chip" if n == 1 else f"{n} chips"
 
 
-def _example(gen: _Generation) -> str:
+def _example(gen: Generation) -> str:
     return "2x4" if gen.dimensions == 2 else "2x2x4"
 
 
-def _parse_topology(gen: _Generation, topology: str) -> tuple[int, ...]:
+def _parse_topology(gen: Generation, topology: str) -> tuple[int, ...]:
     """Split a topology label value into positive dimensions, or say exactly what is wrong."""
     if not isinstance(topology, str):
         raise UnsupportedShape(f"TPU topology must be a string, got {type(topology).__name__}")
@@ -264,7 +134,7 @@ def _parse_topology(gen: _Generation, topology: str) -> tuple[int, ...]:
     return tuple(int(part) for part in parts)
 
 
-def _is_cube_shape(gen: _Generation, dims: tuple[int, ...]) -> bool:
+def _is_cube_shape(gen: Generation, dims: tuple[int, ...]) -> bool:
     """The custom-shape rule of the 3D generations (see the v4 comment in the table)."""
     return (
         gen.cube_max_chips > 0
@@ -274,18 +144,18 @@ def _is_cube_shape(gen: _Generation, dims: tuple[int, ...]) -> bool:
     )
 
 
-def _offered(gen: _Generation, dims: tuple[int, ...]) -> bool:
+def _offered(gen: Generation, dims: tuple[int, ...]) -> bool:
     return "x".join(map(str, dims)) in gen.listed or _is_cube_shape(gen, dims)
 
 
-def _topology_rule(gen: _Generation) -> str:
+def _topology_rule(gen: Generation) -> str:
     listed = ", ".join(gen.listed)
     if not gen.cube_max_chips:
         return listed
     return f"{listed}, or AxBxC with A<=B<=C, all multiples of 4, at most {gen.cube_max_chips} chips"
 
 
-def _check_offered(gen: _Generation, dims: tuple[int, ...], normalized: str) -> None:
+def _check_offered(gen: Generation, dims: tuple[int, ...], normalized: str) -> None:
     if _offered(gen, dims):
         return
     total = math.prod(dims)
@@ -312,7 +182,7 @@ def _allowed(machine: MachineTypeInfo, total: int) -> bool:
     return not (machine.single_host_only and total != machine.chips)
 
 
-def _machine_type_for(gen: _Generation, normalized: str, total: int, chips_per_vm: int) -> MachineTypeInfo:
+def _machine_type_for(gen: Generation, normalized: str, total: int, chips_per_vm: int) -> MachineTypeInfo:
     if isinstance(chips_per_vm, bool) or not isinstance(chips_per_vm, int):
         raise UnsupportedShape(
             f"google.com/tpu request (chips per VM) must be an integer, got {chips_per_vm!r}"
@@ -387,19 +257,19 @@ def chips_per_vm_options(accelerator: str, topology: str) -> tuple[int, ...]:
 
 def machine_type_chips(machine_type: str) -> int | None:
     """Chips per VM of a TPU machine type in the catalog; None for anything else (GPU, CPU, unknown)."""
-    entry = _BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
+    entry = BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
     return entry[1].chips if entry else None
 
 
 def accelerator_for_machine_type(machine_type: str) -> str | None:
     """The ``gke-tpu-accelerator`` label value of a TPU machine type; None if it is not one."""
-    entry = _BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
+    entry = BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
     return entry[0].accelerator if entry else None
 
 
 def boot_disk_types(machine_type: str) -> tuple[str, ...]:
     """Boot disk types a TPU machine type supports, its default first; () for anything else."""
-    entry = _BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
+    entry = BY_MACHINE_TYPE.get(machine_type.strip()) if isinstance(machine_type, str) else None
     return entry[0].boot_disk_types if entry else ()
 
 
@@ -417,8 +287,8 @@ def _cube_topologies(max_chips: int) -> Iterator[tuple[int, int, int]]:
 
 
 @functools.cache
-def _all_topologies(gen: _Generation) -> tuple[str, ...]:
-    shapes = {_dims(t) for t in gen.listed}
+def _all_topologies(gen: Generation) -> tuple[str, ...]:
+    shapes = {dims(t) for t in gen.listed}
     if gen.cube_max_chips:
         shapes.update(_cube_topologies(gen.cube_max_chips))
     ordered = sorted(shapes, key=lambda d: (math.prod(d), d))
@@ -439,5 +309,5 @@ def accelerators() -> list[AcceleratorInfo]:
             multi_host_placement=g.multi_host_placement,
             boot_disk_types=g.boot_disk_types,
         )
-        for g in _GENERATIONS
+        for g in GENERATIONS
     ]
