@@ -15,9 +15,9 @@ from typing import Any
 
 from shared.core.errors import InvalidInputError
 from shared.core.settings import Settings
-from shared.tpu.plan import plan
 from tpuprov import output
 from tpuprov.manifest import load_jobsets
+from tpuprov.plan import plan
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
