@@ -23,13 +23,14 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import ConflictError, NotFoundError, Refused
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.admission import CheckVerdict, decide
 from shared.provisioning.admission_pools import SlicePools
 from shared.provisioning.fallback import Fallback
+from shared.provisioning.guardrails import guardrail
 from shared.provisioning.policies import WorkloadPolicies
-from shared.provisioning.requests import guardrail
 from shared.tpu import catalog
 from shared.tpu.nodepools import ClusterInfo
 from shared.tpu.workloads import (
@@ -207,8 +208,8 @@ class AdmissionChecker:
     def _mark(self, jobset: dict[str, Any], state: str, at: int | None = None) -> dict[str, Any]:
         """Record the check's state on the JobSet (``labels.ADMISSION_CHECK``, read by release's
         verdicts); "" removes it. Best effort: a lost write costs nothing until the next look."""
-        meta = jobset.get("metadata") or {}
-        current = str((meta.get("annotations") or {}).get(labels.ADMISSION_CHECK, ""))
+        meta = Meta.of(jobset)
+        current = meta.annotations.get(labels.ADMISSION_CHECK, "")
         now = int(self.backoff.clock())
         stamp = now if at is None else at
         if not state:
@@ -222,8 +223,7 @@ class AdmissionChecker:
                 return jobset
             value = f"{state}@{stamp}"
         why = f"admission check of its Workload: {state or 'done'}"
-        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        version = str(meta.get("resourceVersion") or "")
+        namespace, name, version = meta.namespace, meta.name, meta.resource_version
         for _ in range(3):
             try:
                 return self.kube.annotate_jobset(
@@ -236,7 +236,7 @@ class AdmissionChecker:
                     jobset = self.kube.get_jobset(namespace, name)
                 except NotFoundError:
                     return jobset
-                version = str((jobset.get("metadata") or {}).get("resourceVersion") or "")
+                version = Meta.of(jobset).resource_version
             except NotFoundError as exc:
                 logs.decision(
                     log, "admission.unmarked", f"could not record {why}: {exc.why}", logging.WARNING

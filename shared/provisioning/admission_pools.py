@@ -21,13 +21,13 @@ from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
 from shared.provisioning.fallback import Attempts, Fallback
+from shared.provisioning.groups import Create
 from shared.provisioning.guard import MANAGED_NODES
 from shared.provisioning.occupancy import Occupant, Verdict, pool_shape, spec_shape
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.releaser import Releaser, is_managed, owned_by
-from shared.provisioning.requests import Create, create_why
 from shared.provisioning.verdicts import judge
-from shared.tpu import catalog
+from shared.tpu.jobsets import jobset_ref
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, ClusterInfo, NodePoolInfo
 from shared.tpu.slices import build_node_pool
 from shared.tpu.workloads import RETRY, WorkloadSlice
@@ -41,14 +41,6 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
 def _identity(jobset: dict[str, Any]) -> tuple[str, str, str]:
     meta = jobset.get("metadata") or {}
     return (str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""))
-
-
-def _jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
-        "kind": "JobSet",
-        "metadata": jobset.get("metadata") or {},
-    }
 
 
 class SlicePools:
@@ -226,7 +218,6 @@ class SlicePools:
         """Create every missing pool at once (within free operation slots and the deadline)."""
         missing = set(verdict.create)
         wanted: list[Create] = []
-        shapes: dict[str, catalog.SliceShape] = {}
         failures = backoff.failures(jobset)
         for item in slices:
             request = item.request
@@ -239,16 +230,14 @@ class SlicePools:
                 )
             except Refused as exc:
                 return (), decide([], f"{request.slice_id.describe()}: {exc.why}")
-            wanted.append(Create(request, spec, request.slice_id.describe()))
-            shapes[spec.name] = shape
+            wanted.append(Create.of(request, spec, shape, "(admission check of its Workload)"))
         free = self.slots.free(pools)
         sendable = wanted if free is None else wanted[:free]
 
         def send(item: Create) -> None:
-            why = f"{create_why(item, shapes[item.spec.name])} (admission check of its Workload)"
             if self.policies is not None:
-                self.policies.ensure_for(item.spec, why)
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
+                self.policies.ensure_for(item.spec, item.why)
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, item.why)
 
         budget = Budget(self.settings.request_deadline_seconds)
         result = self.slots.send_all(sendable, send, budget, slots.busy(pools))
@@ -257,11 +246,11 @@ class SlicePools:
         rejected: list[str] = []  # GKE will never build it as asked
         wait = 0.0
         for sent, error in result.sent:
-            refusal = backoff.refused_capacity(error) if error is not None else ""
-            if refusal:
-                failure = self.fallback.refused(sent.request, jobset, sent.spec, refusal)
+            shortage = backoff.capacity_unavailable(error) if error is not None else ""
+            if shortage:
+                failure = self.fallback.refused(sent.request, jobset, sent.spec, shortage)
                 if not failure.next:
-                    refused.append(f"{sent.spec.name} ({refusal})")
+                    refused.append(f"{sent.spec.name} ({shortage})")
                     wait = max(wait, backoff.retry_at(self.settings, failure) - self.backoff.clock())
                 continue
             if error is None:
@@ -272,7 +261,7 @@ class SlicePools:
                 rejected.append(f"GKE rejected pool {sent.spec.name}: {error.why}")
         if created:
             message = f"requested node pools {', '.join(created)} for its Workload's admission check"
-            self.kube.record_event(_jobset_ref(jobset), labels.REASON_REQUESTED, message)
+            self.kube.record_event(jobset_ref(jobset), labels.REASON_REQUESTED, message)
         if rejected:
             return tuple(created), decide([], "; ".join(rejected))
         if refused:

@@ -41,6 +41,7 @@ from typing import Any
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
 from shared.core.errors import ConflictError, NotFoundError, RejectedError, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.tpu import capacity
 
@@ -69,7 +70,7 @@ def is_quota_error(message: str) -> bool:
     return bool(_QUOTA.search(message))
 
 
-def refused_capacity(error: Exception) -> str:
+def capacity_unavailable(error: Exception) -> str:
     """GKE's reason when its answer to a create says this attempt's capacity is not to be had
     (quota used up, the reservation missing or full); "" for every other answer."""
     message = str(getattr(error, "why", "") or error)
@@ -128,7 +129,7 @@ def retry_at(settings: Settings, failure: Failure) -> float:
 
 def failures(jobset: dict[str, Any] | None) -> dict[str, Failure]:
     """The recorded failures of a JobSet's slices by pool name (malformed entries are ignored)."""
-    raw = ((jobset or {}).get("metadata") or {}).get("annotations", {}).get(labels.SLICE_FAILURES, "")
+    raw = Meta.of(jobset).annotations.get(labels.SLICE_FAILURES, "")
     try:
         data = json.loads(raw) if raw else {}
     except ValueError:
@@ -278,8 +279,8 @@ class Backoff:
     ) -> dict[str, Failure | None]:
         """Apply ``changes`` (per pool: new entry, None = keep, FORGET = remove) with a conditional
         write; after a conflict, read the JobSet again and decide again. Returns the entries after."""
-        meta = jobset.get("metadata") or {}
-        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        meta = Meta.of(jobset)
+        namespace, name = meta.namespace, meta.name
         current = jobset
         for _ in range(_WRITE_ATTEMPTS):
             known = failures(current)
@@ -298,7 +299,7 @@ class Backoff:
             if not dirty:
                 return after
             value = json.dumps({p: f.to_json() for p, f in sorted(known.items())}, separators=(",", ":"))
-            version = str((current.get("metadata") or {}).get("resourceVersion") or "")
+            version = Meta.of(current).resource_version
             try:
                 self.kube.annotate_jobset(
                     namespace, name, {labels.SLICE_FAILURES: value if known else None}, version, why
@@ -332,12 +333,12 @@ def _jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
 __all__ = [
     "Backoff",
     "Failure",
+    "capacity_unavailable",
     "delay",
     "describe",
     "failed_message",
     "failures",
     "is_quota_error",
-    "refused_capacity",
     "retry_at",
     "waiting",
 ]

@@ -21,6 +21,7 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotFoundError, Refused, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.occupancy import Verdict
@@ -116,8 +117,8 @@ class Fallback:
     def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo, failure: backoff.Failure) -> None:
         """Delete a failed pool whose slice falls back to other capacity, under the occupancy rule."""
         why = f"GKE could not provision it on {failure.option}; falling back to {failure.next}"
-        meta = jobset.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        meta = Meta.of(jobset)
+        key = (meta.namespace, meta.name)
         outcome = Releaser(self.settings, self.gke, self.kube).dispose(
             [(pool, Verdict(True, why))], "capacity fallback", {key: jobset}, [pool]
         )

@@ -16,6 +16,7 @@ from typing import Any
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
 from shared.core.errors import NotFoundError
+from shared.core.meta import Meta
 from shared.tpu.nodepools import NodePoolInfo
 
 log = logs.get("release")
@@ -31,18 +32,18 @@ MANAGED_NODES = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 def node_name(node: dict[str, Any]) -> str:
     """The name of a Node object."""
-    return str((node.get("metadata") or {}).get("name", ""))
+    return Meta.of(node).name
 
 
 def cordoned_by_us(node: dict[str, Any]) -> bool:
     """Whether the node is unschedulable because the product cordoned it."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    annotations = Meta.of(node).annotations
     return bool((node.get("spec") or {}).get("unschedulable")) and labels.CORDONED in annotations
 
 
 def cordon_age(node: dict[str, Any], now: float) -> float:
     """Seconds since the product cordoned the node (inf when the annotation has no time)."""
-    value = str(((node.get("metadata") or {}).get("annotations") or {}).get(labels.CORDONED, ""))
+    value = Meta.of(node).annotations.get(labels.CORDONED, "")
     try:
         return now - float(value.split(" ", 1)[0])
     except ValueError:
@@ -119,7 +120,7 @@ def stale_cordons(kube: KubeAPI, keep: set[str], now: datetime.datetime) -> dict
     """Nodes of managed pools in ``keep`` still cordoned by a crashed attempt, by pool name."""
     found: dict[str, list[dict[str, Any]]] = {}
     for node in kube.list_nodes(MANAGED_NODES):
-        pool = str(((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL, ""))
+        pool = Meta.of(node).labels.get(labels.NODEPOOL, "")
         if pool in keep and cordoned_by_us(node) and cordon_age(node, now.timestamp()) > STALE_CORDON_SECONDS:
             found.setdefault(pool, []).append(node)
     return found

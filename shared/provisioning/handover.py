@@ -16,10 +16,11 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels
 from shared.core.errors import NotFoundError, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning.guard import MANAGED_NODES
 from shared.provisioning.releaser import JobSets, Releaser, is_managed, judge, owned_by
-from shared.tpu.jobsets import pod_jobset_value
+from shared.tpu.pods import Pod
 
 
 class Handover:
@@ -31,7 +32,7 @@ class Handover:
         self.kube = kube
         self.releaser = Releaser(settings, gke, kube)
 
-    def claim(self, pod: dict[str, Any]) -> str:
+    def claim(self, pod: Pod) -> str:
         """Adopt the pool ``pod`` runs on if it is labelled for a JobSet that lets it go; returns a note
         for the outcome ("" when there was nothing to take). Raises TransientError (redelivery) when
         GKE could not relabel the pool now, e.g. while another operation runs on it.
@@ -39,20 +40,18 @@ class Handover:
         Costs nothing for a pod that is not a bound, live JobSet pod, and one Node listing when the pod
         runs on its own JobSet's pool (the Node carries the pool's owner labels).
         """
-        meta = pod.get("metadata") or {}
-        node = str((pod.get("spec") or {}).get("nodeName") or "")
-        name = str(pod_jobset_value(pod, labels.JOBSET_NAME) or "")
-        phase = (pod.get("status") or {}).get("phase")
+        node = pod.node_name
+        name = pod.jobset_value(labels.JOBSET_NAME) or ""
         # Like release and reconcile, any live JobSet pod on the pool counts (an opted-out one too:
         # opting out is about creating pools for it, and deleting one under it is never right).
-        if not node or not name or meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+        if not node or not name or pod.deleting or pod.finished:
             return ""
-        namespace = str(meta.get("namespace") or "default")
-        uid = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
+        namespace = pod.namespace
+        uid = pod.jobset_value(labels.JOBSET_UID) or ""
         found = [n for n in self.kube.list_nodes(MANAGED_NODES) if _name(n) == node]
         if not found:
             return ""  # not a node of a pool the product made
-        node_labels = (found[0].get("metadata") or {}).get("labels") or {}
+        node_labels = Meta.of(found[0]).labels
         if _owner_of(node_labels) == (namespace, name) and node_labels.get(labels.OWNER_UID, uid) == uid:
             return ""  # its own JobSet's pool, the usual case
         # The listing, not a get: the functions' roles already read pools that way (infra/roles.json).
@@ -70,7 +69,7 @@ class Handover:
         verdict = judge(pool, owner, self.settings, datetime.datetime.now(tz=datetime.UTC))
         if not verdict.delete:
             return ""  # the owner still needs it (e.g. suspended within its grace): it stays the owner's
-        trigger = f"pod {namespace}/{meta.get('name')} of JobSet {namespace}/{name} runs on it"
+        trigger = f"pod {namespace}/{pod.name} of JobSet {namespace}/{name} runs on it"
         outcome = self.releaser.dispose([(pool, verdict)], trigger, jobsets, listing, adopt_only=True)
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
@@ -79,7 +78,7 @@ class Handover:
 
 
 def _name(node: dict[str, Any]) -> str:
-    return str((node.get("metadata") or {}).get("name", ""))
+    return Meta.of(node).name
 
 
 def _owner_of(pool_labels: Any) -> tuple[str, str]:

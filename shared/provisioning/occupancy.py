@@ -25,20 +25,20 @@ from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
+from shared.core.meta import Meta
 from shared.core.names import label_value_problem
 from shared.core.settings import Settings
 from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
-from shared.tpu.jobsets import condition, expand_pods, pod_jobset_value
+from shared.tpu.jobsets import expand_pods, pod_jobset_value, terminal_condition
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
+from shared.tpu.pods import FINISHED_PHASES
 from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options, slice_request
 
 DELETE = "delete"
 KEEP = "keep"
 ADOPT = "adopt"
 OFFER = "offer"
-
-_TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +132,9 @@ def pool_shape(pool: NodePoolInfo) -> Shape:
 
 def is_live(jobset: Mapping[str, Any] | None) -> bool:
     """A JobSet that exists, is not being deleted and has no Completed/Failed condition."""
-    if jobset is None or (jobset.get("metadata") or {}).get("deletionTimestamp"):
+    if jobset is None or Meta.of(jobset).deleting:
         return False
-    return not any(condition(dict(jobset), kind) for kind in ("Completed", "Failed"))
+    return terminal_condition(jobset) is None
 
 
 def occupants(
@@ -149,25 +149,22 @@ def occupants(
     the live JobSet of that name belongs to an older incarnation and does not count for the new one.
     A pool with no nodes yet (still provisioning) has no occupant.
     """
-    names = {
-        str((n.get("metadata") or {}).get("name", ""))
-        for n in nodes
-        if ((n.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL) == pool.name
-    }
+    metas = [Meta.of(n) for n in nodes]
+    names = {m.name for m in metas if m.labels.get(labels.NODEPOOL) == pool.name}
     found: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
         if (pod.get("spec") or {}).get("nodeName") not in names:
             continue
-        if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+        if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
             continue
         name = pod_jobset_value(pod, labels.JOBSET_NAME)
         if not name:
             continue  # not a JobSet pod (a DaemonSet's, say): it does not hold the pool
-        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        namespace = Meta.of(pod).namespace
         jobset = jobsets.get((namespace, str(name)))
         if jobset is None or not is_live(jobset):
             continue
-        uid = str((jobset.get("metadata") or {}).get("uid", ""))
+        uid = Meta.of(jobset).uid
         claimed = str(pod_jobset_value(pod, labels.JOBSET_UID) or "")
         if claimed and uid and claimed != uid:
             continue
@@ -215,16 +212,10 @@ def last_runs(
 
     ``nodes``: the managed Nodes (each carries its pool's name); ``pods``: the JobSet's pods.
     """
-    pool_of = {
-        str((n.get("metadata") or {}).get("name", "")): str(
-            ((n.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL, "")
-        )
-        for n in nodes
-    }
+    pool_of = {m.name: m.labels.get(labels.NODEPOOL, "") for m in map(Meta.of, nodes)}
     held: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        if str(meta.get("namespace") or "default") != namespace:
+        if Meta.of(pod).namespace != namespace:
             continue
         if pod_jobset_value(pod, labels.JOBSET_NAME) != name:
             continue

@@ -35,7 +35,7 @@ class Outcome:
     fallback: str = ""  # the capacity option a failed create falls back to at once (redelivery)
 
 
-def done(outcome: Outcome, level: int = logging.INFO, **fields: Any) -> Outcome:
+def logged(outcome: Outcome, level: int = logging.INFO, **fields: Any) -> Outcome:
     """Log ``outcome`` as provision's decision line and return it."""
     logs.decision(
         log,

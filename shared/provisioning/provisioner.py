@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
@@ -29,25 +29,15 @@ from shared.core.errors import (
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
+from shared.provisioning.groups import Create, Group, deferral, group_incomplete
+from shared.provisioning.guardrails import guardrail, label_problem, managed_chips, over_chip_budget
 from shared.provisioning.handover import Handover
 from shared.provisioning.known import KnownPools, group_of
-from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, done
+from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, logged
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.refit import Refit
-from shared.provisioning.requests import (
-    Create,
-    create_why,
-    deferral,
-    group_incomplete,
-    guardrail,
-    jobset_ref,
-    label_problem,
-    managed_chips,
-    pod_created_at,
-    pod_ref,
-)
 from shared.tpu import capacity, catalog, selectors
-from shared.tpu.jobsets import jobset_log_field, jobset_problem, replicas_of
+from shared.tpu.jobsets import jobset_problem, jobset_ref, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
@@ -56,6 +46,7 @@ from shared.tpu.nodepools import (
     NodePoolInfo,
     NodePoolSpec,
 )
+from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 
 log = logs.get("provision")
@@ -107,29 +98,31 @@ class Provisioner:
         if event_time is not None:
             age = (datetime.datetime.now(tz=datetime.UTC) - event_time).total_seconds()
             if age > self.settings.max_event_age_seconds:
-                return done(
+                return logged(
                     Outcome(SKIPPED, f"event is {age:.0f}s old (max {self.settings.max_event_age_seconds}s)")
                 )
         try:
             pod = self.kube.get_pod(namespace, pod_name)
         except NotFoundError:
-            return done(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
+            return logged(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
         return self.provision_pod(pod)
 
-    def provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
-        """Request the slice a pending pod needs (``pools``: a listing the caller already has)."""
+    def provision_pod(self, pod: Pod | Mapping[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
+        """Request the slice a pending pod needs (``pools``: a listing the caller already has). A pod
+        as the API returned it is parsed into its view here, once."""
+        if not isinstance(pod, Pod):
+            pod = Pod.parse(pod)
         # Every decision line about this pod carries the JobSet it claims to belong to.
-        with logs.bound(**jobset_log_field(pod)):
+        with logs.bound(**pod.log_field()):
             return self._provision_pod(pod, pools)
 
-    def _provision_pod(self, pod: dict[str, Any], pools: list[NodePoolInfo] | None) -> Outcome:
-        meta = pod.get("metadata") or {}
-        who = f"{meta.get('namespace')}/{meta.get('name')}"
+    def _provision_pod(self, pod: Pod, pools: list[NodePoolInfo] | None) -> Outcome:
+        who = pod.key
         try:
             request = slice_request(pod)
         except NotEligible as exc:
             # Bound by now, maybe to a pool kept idle for its JobSet: that JobSet adopts it.
-            return done(Outcome(SKIPPED, f"pod {who}: {exc.why}{self.handover.claim(pod)}"))
+            return logged(Outcome(SKIPPED, f"pod {who}: {exc.why}{self.handover.claim(pod)}"))
         except Refused as exc:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()
@@ -146,15 +139,15 @@ class Provisioner:
         # One decision at a time per replicated job in this instance: the first event requests the
         # whole group, the others then find their pool remembered instead of racing to a 409.
         with self.known_pools.single_flight(group_of(request.slice_id)):
-            if self.known_pools.known(spec.name, pod_created_at(pod)):
+            if self.known_pools.known(spec.name, pod.created_at):
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
-                return done(Outcome(EXISTS, why, spec.name, slice_desc))
+                return logged(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
             return self._request(pod, request, spec, shape, slice_desc, pools)
 
     def _request(
         self,
-        pod: dict[str, Any],
+        pod: Pod,
         request: SliceRequest,
         spec: NodePoolSpec,
         shape: catalog.SliceShape,
@@ -188,7 +181,7 @@ class Provisioner:
                 else:
                     why += "; reconcile recycles it once its stockout backoff is over"
             if settled or not group_incomplete(pod, request, pools):
-                return done(Outcome(EXISTS, why, spec.name, slice_desc))
+                return logged(Outcome(EXISTS, why, spec.name, slice_desc))
             # The pod's own pool exists but its replicated job claims more slices than are listed: an
             # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
             # read below decides, not the pod's claim).
@@ -196,20 +189,20 @@ class Provisioner:
             # Every operation slot is taken: nothing could be sent. Acknowledge cheaply (no JobSet read)
             # and let the next finished operation resume the group.
             why = f"waiting for a GKE operation slot (all {self.operation_limit} in use)"
-            return done(Outcome(WAITING, why, spec.name, slice_desc))
+            return logged(Outcome(WAITING, why, spec.name, slice_desc))
         # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
         # once per slice group, not per event.
         try:
             jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
         except NotFoundError:
-            return done(Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc))
+            return logged(Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc))
         problem = jobset_problem(jobset, request.slice_id)
         if problem:
             return self._refuse(pod, problem, slice_desc, spec.name)
         failures = backoff.failures(jobset)
         held = self.fallback.held(failures)
         if existing is None and spec.name in held:
-            return done(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
+            return logged(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
         try:  # each attempt's capacity: the policy's first option, or the recorded fallback
             attempts = Attempts(self.fallback.options(request, jobset), failures)
         except Refused as exc:
@@ -220,7 +213,7 @@ class Provisioner:
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
-        wanted: list[Create] = [] if existing is not None else [Create(request, spec, slice_desc)]
+        wanted: list[Create] = [] if existing is not None else [Create.of(request, spec, shape)]
         # Slices backing off after a stockout or quota failure wait too (reconcile retries them).
         listed = {p.name for p in pools}  # one set, not a scan per sibling (groups of hundreds)
         for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
@@ -233,9 +226,9 @@ class Provisioner:
             if name in listed or name in held or self.known_pools.known(name):
                 continue
             sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster(), attempts.option(name))
-            wanted.append(Create(sibling, sibling_spec, sibling.slice_id.describe()))
+            wanted.append(Create.of(sibling, sibling_spec, shape))
         try:
-            outcomes = self._create_all(pod, wanted, shape, pools, budget, request, jobset)
+            outcomes = self._create_all(Group(pod, request, jobset, wanted, shape, pools, budget))
         except TransientError:
             # The requesting pod's pool may be known now; forgetting it makes the redelivery list
             # the pools and finish the group instead of answering "known to exist".
@@ -247,16 +240,7 @@ class Provisioner:
         outcome = own if existing is not None else outcomes[0]
         return dataclasses.replace(outcome, requested=created)
 
-    def _create_all(
-        self,
-        pod: dict[str, Any],
-        wanted: list[Create],
-        shape: catalog.SliceShape,
-        pools: list[NodePoolInfo],
-        budget: Budget,
-        request: SliceRequest,
-        jobset: dict[str, Any],
-    ) -> list[Outcome]:
+    def _create_all(self, group: Group) -> list[Outcome]:
         """Create the wanted pools within the chip budget, ``CREATE_CONCURRENCY`` at a time.
 
         Raises OperationLimitError / TransientError after recording what GKE accepted when some
@@ -265,24 +249,22 @@ class Provisioner:
         """
         outcomes: dict[str, Outcome] = {}
         sendable: list[Create] = []
-        in_use = managed_chips(pools) if self.settings.chip_budget else 0
-        for item in wanted:
-            if self.settings.chip_budget and in_use + shape.total_chips > self.settings.chip_budget:
-                why = (
-                    f"chip budget exceeded: {in_use} chips in managed pools + {shape.total_chips} requested "
-                    f"> CHIP_BUDGET {self.settings.chip_budget}"
-                )
-                outcomes[item.spec.name] = self._refuse(pod, why, item.slice_desc, item.spec.name)
+        chips = group.shape.total_chips
+        in_use = managed_chips(group.pools) if self.settings.chip_budget else 0
+        for item in group.wanted:
+            over = over_chip_budget(self.settings, in_use, chips)
+            if over:
+                outcomes[item.spec.name] = self._refuse(group.pod, over, item.slice_desc, item.spec.name)
                 continue
-            in_use += shape.total_chips  # reserved before sending, so concurrent creates cannot overshoot
+            in_use += chips  # reserved before sending, so concurrent creates cannot overshoot
             sendable.append(item)
 
-        free = self.free_slots(pools)
+        free = self.free_slots(group.pools)
         if free is not None and self.operation_limit is not None and free < len(sendable):
             # No point asking GKE for more operations than it runs at once: the rest waits for a
             # finished operation (its audit entry resumes provisioning) instead of collecting 429s.
             why = (
-                f"waiting for a GKE operation slot: {slots.busy(pools)} of "
+                f"waiting for a GKE operation slot: {slots.busy(group.pools)} of "
                 f"{self.operation_limit} in use; a finished node-pool operation resumes it"
             )
             for item in sendable[free:]:
@@ -291,67 +273,60 @@ class Provisioner:
             sendable = sendable[:free]
 
         def send(item: Create) -> None:
-            why = create_why(item, shape)
             if self.policies is not None:  # GKE needs the pool's workload policy to exist first
-                self.policies.ensure_for(item.spec, why)
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, why)
+                self.policies.ensure_for(item.spec, item.why)
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, item.why)
 
-        result = self.slots.send_all(sendable, send, budget, slots.busy(pools))
+        result = self.slots.send_all(sendable, send, group.budget, slots.busy(group.pools))
         failures: list[TransientError] = []
         for item, error in result.sent:
-            refusal = backoff.refused_capacity(error) if error is not None else ""
-            if refusal:  # quota or reservation: this attempt failed; fall back or back off
-                outcomes[item.spec.name] = self._capacity_refused(item, jobset, refusal)
+            shortage = backoff.capacity_unavailable(error) if error is not None else ""
+            if shortage:  # quota or reservation: this attempt failed; fall back or back off
+                outcomes[item.spec.name] = self._capacity_unavailable(item, group.jobset, shortage)
                 if outcomes[item.spec.name].fallback:
                     failures.append(TransientError(outcomes[item.spec.name].why))
                 continue
             if isinstance(error, TransientError):
                 failures.append(error)
                 continue
-            outcomes[item.spec.name] = self._created(pod, item, shape, pools, error, jobset)
+            outcomes[item.spec.name] = self._created(group, item, error)
+        wanted = group.wanted
         created = [
             i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
         ]
         if created:
             # One Event per group (or per part of it a delivery got through), naming every pool: on
             # the JobSet and on the pod that asked.
-            message = f"requested node pools {', '.join(created)} for {request.slice_id.replicated_job}"
-            self.kube.record_event(jobset_ref(request, jobset), labels.REASON_REQUESTED, message)
-            self.kube.record_event(pod_ref(pod), labels.REASON_REQUESTED, message)
+            sid = group.request.slice_id
+            message = f"requested node pools {', '.join(created)} for {sid.replicated_job}"
+            self.kube.record_event(jobset_ref(group.jobset, sid), labels.REASON_REQUESTED, message)
+            self.kube.record_event(group.pod.ref(), labels.REASON_REQUESTED, message)
         if failures or result.unsent:
             self._defer(wanted, outcomes, failures, result.unsent, result.stopped)
         return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
 
-    def _created(
-        self,
-        pod: dict[str, Any],
-        item: Create,
-        shape: catalog.SliceShape,
-        pools: list[NodePoolInfo],
-        error: Exception | None,
-        jobset: dict[str, Any],
-    ) -> Outcome:
+    def _created(self, group: Group, item: Create, error: Exception | None) -> Outcome:
         """Record what GKE answered to one create (None: accepted); the listing is updated with it."""
         spec, slice_desc = item.spec, item.slice_desc
         if isinstance(error, AlreadyExistsError):
             self.known_pools.remember(spec.name)
             why = f"pool {spec.name} already exists (409)"
-            return done(Outcome(EXISTS, why, spec.name, slice_desc))
+            return logged(Outcome(EXISTS, why, spec.name, slice_desc))
         if isinstance(error, RejectedError):
             self.kube.record_event(
-                pod_ref(pod),
+                group.pod.ref(),
                 labels.REASON_FAILED,
                 f"GKE rejected pool {spec.name}: {error.why}",
                 warning=True,
             )
-            return done(
+            return logged(
                 Outcome(FAILED, f"GKE rejected pool {spec.name}: {error.why}", spec.name, slice_desc),
                 logging.ERROR,
             )
         if error is not None:
             raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
         self.known_pools.remember(spec.name)
-        pools.append(
+        group.pools.append(
             NodePoolInfo(
                 name=spec.name,
                 status=STATUS_PROVISIONING,
@@ -360,13 +335,12 @@ class Provisioner:
                 labels=dict(spec.labels),
             )
         )
-        why = create_why(item, shape)
         # How long the slice's pod waited before its pool was requested (a dashboard distribution).
-        created_at = pod_created_at(pod)
+        created_at = group.pod.created_at
         waited = round(max(0.0, time.time() - created_at), 1) if created_at else None
-        return done(Outcome(CREATED, why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
+        return logged(Outcome(CREATED, item.why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
 
-    def _capacity_refused(self, item: Create, jobset: dict[str, Any], reason: str) -> Outcome:
+    def _capacity_unavailable(self, item: Create, jobset: dict[str, Any], reason: str) -> Outcome:
         """GKE refused a create for quota or its reservation: a failed attempt of the slice (no pool
         was made), which falls back by the redelivery the caller raises, or backs off."""
         spec = item.spec
@@ -375,7 +349,7 @@ class Provisioner:
         if failure.next:
             why += f"; falling back to {failure.next}"
         outcome = Outcome(FAILED, why, spec.name, item.slice_desc, fallback=failure.next)
-        return done(outcome, logging.WARNING)
+        return logged(outcome, logging.WARNING)
 
     def _defer(
         self,
@@ -410,6 +384,6 @@ class Provisioner:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _refuse(self, pod: dict[str, Any], why: str, slice_desc: str, pool: str = "") -> Outcome:
-        self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
-        return done(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
+    def _refuse(self, pod: Pod, why: str, slice_desc: str, pool: str = "") -> Outcome:
+        self.kube.record_event(pod.ref(), labels.REASON_REFUSED, why, warning=True)
+        return logged(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)

@@ -24,11 +24,11 @@ from shared.core.errors import NotEligible, OperationLimitError, Refused, Transi
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
+from shared.provisioning.guardrails import managed_chips
 from shared.provisioning.outcomes import WAITING
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
-from shared.provisioning.requests import managed_chips
 from shared.tpu import drift
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request

@@ -30,14 +30,12 @@ from shared.core import labels
 from shared.core.errors import NotFoundError
 from shared.core.settings import Settings
 from shared.provisioning.guard import PoolGuard
-from shared.provisioning.outcomes import REFUSED, REPLACED, WAITING, Outcome, done
-from shared.provisioning.requests import jobset_ref, pod_ref
+from shared.provisioning.outcomes import REFUSED, REPLACED, WAITING, Outcome, logged
 from shared.tpu import drift
-from shared.tpu.jobsets import pod_jobset_value
+from shared.tpu.jobsets import jobset_ref, pod_jobset_value
 from shared.tpu.nodepools import STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR, NodePoolInfo, NodePoolSpec
+from shared.tpu.pods import FINISHED_PHASES, Pod
 from shared.tpu.slices import SliceRequest
-
-_TERMINAL = ("Succeeded", "Failed")
 
 
 def _jobset_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -45,7 +43,8 @@ def _jobset_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         p
         for p in pods
-        if pod_jobset_value(p, labels.JOBSET_NAME) and (p.get("status") or {}).get("phase") not in _TERMINAL
+        if pod_jobset_value(p, labels.JOBSET_NAME)
+        and (p.get("status") or {}).get("phase") not in FINISHED_PHASES
     ]
 
 
@@ -65,7 +64,7 @@ class Refit:
         self.guard = PoolGuard(kube, settings.cordon_settle_seconds, sleep)
 
     def handle(
-        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, misfit: str, slice_desc: str
+        self, pod: Pod, request: SliceRequest, pool: NodePoolInfo, misfit: str, slice_desc: str
     ) -> Outcome:
         """Decide for a pool of the slice's name that ``misfit`` says the pod cannot run on."""
         owner = pool.labels.get(labels.OWNER_UID, "")
@@ -78,7 +77,7 @@ class Refit:
             # An operation runs on it (create, label update): GKE refuses a delete meanwhile. The next
             # pending event of the slice looks again.
             why = f"pool {pool.name} no longer fits the pod ({misfit}); it is replaced once it is RUNNING"
-            return done(Outcome(WAITING, why, pool.name, slice_desc))
+            return logged(Outcome(WAITING, why, pool.name, slice_desc))
         busy = self._delete_if_idle(pool, f"pool {pool.name} no longer fits the pod: {misfit}")
         if busy:
             reason = f"{busy} JobSet pod(s) run on it, and a pool is never replaced under a workload"
@@ -89,7 +88,7 @@ class Refit:
 
     def for_drift(
         self,
-        pod: dict[str, Any],
+        pod: Pod,
         request: SliceRequest,
         pool: NodePoolInfo | None,
         spec: NodePoolSpec,
@@ -110,7 +109,7 @@ class Refit:
         return replaced, "" if replaced is not None else note
 
     def replace_drifted(
-        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, drifted: str, slice_desc: str
+        self, pod: Pod, request: SliceRequest, pool: NodePoolInfo, drifted: str, slice_desc: str
     ) -> Outcome | None:
         """Replace the slice's own pool built under settings that have since changed (``drifted``
         names them), when RUNNING and nobody runs on it; None when it is kept (the pod can still
@@ -145,15 +144,15 @@ class Refit:
         return 0
 
     def _replaced(
-        self, pod: dict[str, Any], request: SliceRequest, pool: NodePoolInfo, message: str, slice_desc: str
+        self, pod: Pod, request: SliceRequest, pool: NodePoolInfo, message: str, slice_desc: str
     ) -> Outcome:
-        self.kube.record_event(jobset_ref(request), labels.REASON_RELEASED, message)
-        self.kube.record_event(pod_ref(pod), labels.REASON_RELEASED, message)
-        return done(Outcome(REPLACED, message, pool.name, slice_desc), logging.WARNING)
+        self.kube.record_event(jobset_ref(None, request.slice_id), labels.REASON_RELEASED, message)
+        self.kube.record_event(pod.ref(), labels.REASON_RELEASED, message)
+        return logged(Outcome(REPLACED, message, pool.name, slice_desc), logging.WARNING)
 
     def _refuse(
         self,
-        pod: dict[str, Any],
+        pod: Pod,
         request: SliceRequest,
         pool: NodePoolInfo,
         misfit: str,
@@ -161,6 +160,6 @@ class Refit:
         slice_desc: str,
     ) -> Outcome:
         why = f"node pool {pool.name} no longer fits the pod ({misfit}) and is not replaced: {reason}"
-        self.kube.record_event(pod_ref(pod), labels.REASON_REFUSED, why, warning=True)
-        self.kube.record_event(jobset_ref(request), labels.REASON_REFUSED, why, warning=True)
-        return done(Outcome(REFUSED, why, pool.name, slice_desc), logging.WARNING)
+        self.kube.record_event(pod.ref(), labels.REASON_REFUSED, why, warning=True)
+        self.kube.record_event(jobset_ref(None, request.slice_id), labels.REASON_REFUSED, why, warning=True)
+        return logged(Outcome(REFUSED, why, pool.name, slice_desc), logging.WARNING)

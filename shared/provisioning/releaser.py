@@ -27,11 +27,13 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotFoundError, RejectedError, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning import occupancy
 from shared.provisioning.guard import MANAGED_NODES, PoolGuard
 from shared.provisioning.occupancy import Verdict
 from shared.provisioning.verdicts import idle_seconds, judge
+from shared.tpu.jobsets import jobset_ref
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 
 log = logs.get("release")
@@ -53,11 +55,6 @@ def owned_by(pool: NodePoolInfo, namespace: str, name: str, uid: str = "") -> bo
     if name and pool.labels.get(labels.OWNER_NAME) != name:
         return False
     return not uid or pool.labels.get(labels.OWNER_UID) == uid
-
-
-def jobset_ref(jobset: dict[str, Any]) -> dict[str, Any]:
-    """A JobSet as an Event's involved object."""
-    return {"apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}", "kind": "JobSet", **jobset}
 
 
 @dataclasses.dataclass
@@ -241,9 +238,10 @@ class Releaser:
     ) -> list[occupancy.Occupant]:
         pods = self.guard.pods_on(nodes)
         for pod in pods:
-            name = (pod.get("metadata") or {}).get("labels", {}).get(labels.JOBSET_NAME)
+            meta = Meta.of(pod)
+            name = meta.labels.get(labels.JOBSET_NAME)
             if name:
-                self._jobset(jobsets, str(pod["metadata"].get("namespace") or "default"), str(name))
+                self._jobset(jobsets, meta.namespace, name)
         return occupancy.occupants(pool, nodes, pods, jobsets)
 
     def _demand(
@@ -338,7 +336,7 @@ class Releaser:
         old = jobsets.get(
             (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))
         )
-        if old is not None and (old.get("metadata") or {}).get("uid") == pool.labels.get(labels.OWNER_UID):
+        if old is not None and Meta.of(old).uid == pool.labels.get(labels.OWNER_UID, ""):
             self.kube.record_event(
                 jobset_ref(old),
                 labels.REASON_RELEASED,
@@ -357,7 +355,7 @@ class Releaser:
         for (namespace, name, uid), names in sorted(by_owner.items()):
             jobset = jobsets.get((namespace, name))
             # A gone JobSet has nowhere to show an Event; a recreated one is not the pools' owner.
-            if jobset is None or (uid and (jobset.get("metadata") or {}).get("uid") != uid):
+            if jobset is None or (uid and Meta.of(jobset).uid != uid):
                 continue
             self.kube.record_event(
                 jobset_ref(jobset),

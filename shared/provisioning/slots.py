@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import re
 import threading
 import time
@@ -50,6 +49,7 @@ from shared.tpu.nodepools import (
     STATUS_STOPPING,
     NodePoolInfo,
 )
+from shared.tpu.pods import Pod
 from shared.tpu.slices import slice_request
 
 log = logs.get("provision")
@@ -62,14 +62,6 @@ _RATE_QUOTA = re.compile(r"quota exceeded for quota metric", re.IGNORECASE)
 # Pool states that hold one of the cluster's operation slots (an operation is running on the pool).
 BUSY = (STATUS_PROVISIONING, STATUS_STOPPING, STATUS_RECONCILING)
 WINDOW_SECONDS = 60.0
-
-
-def _created_at(pod: dict[str, Any]) -> float | None:
-    stamp = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
-    try:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
-    except ValueError:
-        return None
 
 
 def stated_quota(message: str) -> int | None:
@@ -296,7 +288,8 @@ class Slots:
         done: set[str] = set()
         for pod in pods:
             try:
-                request = slice_request(pod)
+                view = Pod.parse(pod)
+                request = slice_request(view)
             except (NotEligible, Refused):
                 continue
             name = request.pool_name
@@ -309,7 +302,7 @@ class Slots:
             # landed after the listing above): wait for it, and leave a pool it just created alone
             # instead of sending a second create that GKE answers 409.
             with known.single_flight(group_of(request.slice_id)):
-                if existing is None and known.known(name, _created_at(pod)):
+                if existing is None and known.known(name, view.created_at):
                     done.add(name)
                     continue
                 outcome = self.provision(pod, pools)

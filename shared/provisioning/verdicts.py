@@ -11,9 +11,10 @@ import datetime
 from typing import Any
 
 from shared.core import labels
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning.occupancy import Verdict
-from shared.tpu.jobsets import condition
+from shared.tpu.jobsets import condition, terminal_condition
 from shared.tpu.nodepools import NodePoolInfo
 
 
@@ -32,20 +33,17 @@ def judge(
     owner = f"{pool.labels.get(labels.OWNER_NAMESPACE)}/{pool.labels.get(labels.OWNER_NAME)}"
     if jobset is None:
         return Verdict(True, f"JobSet {owner} no longer exists")
-    meta = jobset.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
+    meta = Meta.of(jobset)
+    if meta.deleting:
         return Verdict(True, f"JobSet {owner} is being deleted")
     pool_uid = pool.labels.get(labels.OWNER_UID, "")
-    if pool_uid and meta.get("uid") and pool_uid != meta.get("uid"):
-        return Verdict(
-            True, f"JobSet {owner} was recreated (uid {meta.get('uid')}, pool made for {pool_uid})"
-        )
-    failed = condition(jobset, "Failed")
-    if failed:
-        return Verdict(True, f"JobSet {owner} failed ({failed.get('reason', '')})")
-    completed = condition(jobset, "Completed")
-    if completed:
-        waited = _since(str(completed.get("lastTransitionTime", "")), now)
+    if pool_uid and meta.uid and pool_uid != meta.uid:
+        return Verdict(True, f"JobSet {owner} was recreated (uid {meta.uid}, pool made for {pool_uid})")
+    ended = terminal_condition(jobset)
+    if ended and ended.get("type") == "Failed":
+        return Verdict(True, f"JobSet {owner} failed ({ended.get('reason', '')})")
+    if ended:
+        waited = _since(str(ended.get("lastTransitionTime", "")), now)
         if waited < settings.release_grace_seconds:
             return Verdict(
                 False,
@@ -73,7 +71,7 @@ def admission_check(jobset: dict[str, Any], settings: Settings, now: datetime.da
     the check provisions them before Kueue admits it, for longer than SUSPEND_GRACE_SECONDS when GKE
     creates them in waves. Only a fresh record counts (the check refreshes it at every look), so a
     Workload the check no longer looks at (deactivated, deleted) gets the usual grace from then."""
-    annotations = (jobset.get("metadata") or {}).get("annotations") or {}
+    annotations = Meta.of(jobset).annotations
     state, _, stamp = str(annotations.get(labels.ADMISSION_CHECK, "")).partition("@")
     if not stamp.isdigit():
         return ""
@@ -96,11 +94,10 @@ def idle_seconds(
     stamp = pool.labels.get(labels.IDLE_SINCE, "")
     if stamp.isdigit():
         return max(0.0, now.timestamp() - int(stamp))
-    if jobset is not None and (jobset.get("metadata") or {}).get("uid") == pool.labels.get(labels.OWNER_UID):
-        for kind in ("Completed", "Failed"):
-            cond = condition(jobset, kind)
-            if cond:
-                return max(0.0, _since(str(cond.get("lastTransitionTime", "")), now))
+    if jobset is not None and Meta.of(jobset).uid == pool.labels.get(labels.OWNER_UID, ""):
+        ended = terminal_condition(jobset)
+        if ended:
+            return max(0.0, _since(str(ended.get("lastTransitionTime", "")), now))
         suspended = condition(jobset, "Suspended")
         if suspended:
             waited = _since(str(suspended.get("lastTransitionTime", "")), now)

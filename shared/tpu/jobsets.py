@@ -2,9 +2,10 @@
 
 Pure functions over JSON dicts (no I/O):
 
-* reading a JobSet: ``condition``, ``replicated_job``, ``replicas_of``, ``jobset_problem``;
-* reading a pod's JobSet identity (JobSet labels, or annotations where labels are cut):
-  ``pod_jobset_value``, ``jobset_log_field``;
+* reading a JobSet: ``condition``, ``terminal_condition`` (the one answer to "has it ended"),
+  ``replicated_job``, ``replicas_of``, ``jobset_problem``, ``jobset_ref``;
+* reading a listed pod's JobSet identity (JobSet labels, or annotations where labels are cut):
+  ``pod_jobset_value`` (a pod being provisioned is read through ``shared.tpu.pods.Pod``);
 * ``expand_pods`` mirrors what the JobSet and Job controllers put on each pod (labels, annotations,
   nodeSelector, requests), so ``tpuprov plan``, the sandbox's simulated controller and the tests all
   derive pools through the very code path the provision function runs on real pods.
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.core import labels
+from shared.core.meta import Meta
 from shared.core.names import SliceId
 
 
@@ -29,18 +31,16 @@ def _int(value: Any, default: int) -> int:
 
 def pod_jobset_value(pod: Mapping[str, Any], key: str) -> Any:
     """A JobSet identity key of a pod: its label, else its annotation (labels are cut at 63 chars)."""
-    meta = pod.get("metadata") or {}
-    return (meta.get("labels") or {}).get(key) or (meta.get("annotations") or {}).get(key)
+    meta = Meta.of(pod)
+    return meta.labels.get(key) or meta.annotations.get(key)
 
 
 def expand_pods(
     jobset: dict[str, Any], restart_attempt: int = 0, pending: bool = True
 ) -> list[dict[str, Any]]:
     """The pods of every Job of ``jobset`` (one per completion index), as pending-unschedulable pods."""
-    meta = jobset.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    namespace = str(meta.get("namespace") or "default")
-    uid = str(meta.get("uid", ""))
+    meta = Meta.of(jobset)
+    name, namespace, uid = meta.name, meta.namespace, meta.uid
     pods: list[dict[str, Any]] = []
     global_index = 0
     for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
@@ -55,9 +55,9 @@ def expand_pods(
             # label value holds at most 63, so a SHA-256 digest is refused by the API server).
             job_key = hashlib.sha1(f"{namespace}/{job_name}".encode()).hexdigest()
             for completion in range(parallelism):
-                tmeta = pod_template.get("metadata") or {}
+                tmeta = Meta.of(pod_template)
                 pod_labels = {
-                    **(tmeta.get("labels") or {}),
+                    **tmeta.labels,
                     labels.JOBSET_NAME: name,
                     labels.JOBSET_UID: uid,
                     labels.REPLICATED_JOB_NAME: rname,
@@ -70,7 +70,7 @@ def expand_pods(
                     "job-name": job_name,
                 }
                 pod_annotations = {
-                    **(tmeta.get("annotations") or {}),
+                    **tmeta.annotations,
                     labels.JOBSET_NAME: name,
                     labels.REPLICATED_JOB_NAME: rname,
                     labels.JOB_INDEX: str(job_index),
@@ -112,6 +112,36 @@ def condition(jobset: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return None
 
 
+TERMINAL_CONDITIONS = ("Completed", "Failed")
+
+
+def terminal_condition(jobset: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The JobSet's Completed or Failed condition when it has ended (the controller sets one), else None."""
+    for kind in TERMINAL_CONDITIONS:
+        found = condition(dict(jobset), kind)
+        if found:
+            return found
+    return None
+
+
+def jobset_ref(jobset: Mapping[str, Any] | None, claimed: SliceId | None = None) -> dict[str, Any]:
+    """A JobSet as an Event's involved object: as read, else as a pod claims it (``claimed``)."""
+    read = Meta.of(jobset)
+    meta = {
+        "name": read.name,
+        "namespace": read.namespace,
+        "uid": read.uid,
+        "resourceVersion": read.resource_version,
+    }
+    if read == Meta() and claimed is not None:
+        meta = {"name": claimed.jobset, "namespace": claimed.namespace, "uid": claimed.jobset_uid}
+    return {
+        "apiVersion": f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}",
+        "kind": "JobSet",
+        "metadata": meta,
+    }
+
+
 def replicated_job(jobset: dict[str, Any], name: str) -> dict[str, Any] | None:
     """The spec of the JobSet's replicated job ``name``, or None."""
     rjobs = (jobset.get("spec") or {}).get("replicatedJobs") or []
@@ -128,26 +158,17 @@ def replicas_of(jobset: dict[str, Any], name: str) -> int:
 
 def jobset_problem(jobset: dict[str, Any], claimed: SliceId) -> str:
     """Why the JobSet a pod claims (``claimed``) must not get that slice now, or ""."""
-    meta = jobset.get("metadata") or {}
-    uid = str(meta.get("uid", ""))
+    meta = Meta.of(jobset)
+    uid, name = meta.uid, meta.name
     if claimed.jobset_uid and uid and uid != claimed.jobset_uid:
-        return f"pod claims JobSet uid {claimed.jobset_uid} but JobSet {meta.get('name')} has uid {uid}"
-    if meta.get("deletionTimestamp"):
-        return f"JobSet {meta.get('name')} is being deleted"
-    for terminal in ("Completed", "Failed"):
-        if condition(jobset, terminal):
-            return f"JobSet {meta.get('name')} is already {terminal}"
+        return f"pod claims JobSet uid {claimed.jobset_uid} but JobSet {name} has uid {uid}"
+    if meta.deleting:
+        return f"JobSet {name} is being deleted"
+    ended = terminal_condition(jobset)
+    if ended:
+        return f"JobSet {name} is already {ended.get('type')}"
     if (jobset.get("spec") or {}).get("suspend"):
-        return f"JobSet {meta.get('name')} is suspended"
+        return f"JobSet {name} is suspended"
     if replicated_job(jobset, claimed.replicated_job) is None:
-        return f"JobSet {meta.get('name')} has no replicated job {claimed.replicated_job!r}"
+        return f"JobSet {name} has no replicated job {claimed.replicated_job!r}"
     return ""
-
-
-def jobset_log_field(pod: Mapping[str, Any]) -> dict[str, str]:
-    """``{"jobset": "namespace/name"}`` for a pod naming a JobSet (label or annotation), else {}."""
-    name = pod_jobset_value(pod, labels.JOBSET_NAME)
-    if not name:
-        return {}
-    namespace = (pod.get("metadata") or {}).get("namespace") or "default"
-    return {"jobset": f"{namespace}/{str(name)[:253]}"}  # annotations are unbounded

@@ -12,12 +12,13 @@ from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
+from shared.core.meta import Meta
 from shared.core.names import SliceId, pool_name, workload_policy_name
 from shared.core.settings import Settings
 from shared.tpu import capacity, catalog, selectors
 from shared.tpu.capacity import CapacityOption
-from shared.tpu.jobsets import pod_jobset_value
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
+from shared.tpu.pods import Pod
 
 # GKE's flex-start page lists v5e and v6e (GKE 1.33+) and excludes v3 and v4; Google's XPK also makes
 # flex-start Ironwood (tpu7x) pools. v5p is named nowhere, so it is not offered.
@@ -54,24 +55,6 @@ class SliceRequest:
 
 def _truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
-
-
-def _tpu_chips(spec: Mapping[str, Any]) -> int:
-    # One pod per VM: the pod's TPU request is the VM's chip count. Limits count when requests are
-    # omitted (Kubernetes defaults requests to limits for extended resources).
-    total = 0
-    for container in spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        amount = (resources.get("requests") or {}).get(labels.TPU_RESOURCE)
-        if amount is None:
-            amount = (resources.get("limits") or {}).get(labels.TPU_RESOURCE)
-        if amount is None:
-            continue
-        try:
-            total += int(str(amount))
-        except ValueError:
-            raise Refused(f"container {container.get('name')!r} requests google.com/tpu={amount!r}") from None
-    return total
 
 
 def _capacity_selection(selected: Mapping[str, str]) -> tuple[bool, Reservation | None, bool]:
@@ -111,45 +94,43 @@ def _demand(spot: bool, reservation: Reservation | None, flex_start: bool, zone:
     return capacity.Demand(kind, None, zone)
 
 
-def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
+def slice_request(pod: Pod | Mapping[str, Any]) -> SliceRequest:
     """Decide whether a pod is a pending TPU JobSet pod and, if so, which slice it needs.
 
-    Raises ``NotEligible`` (skip quietly, with a reason) or ``Refused`` (the pod asks for
-    something invalid; the reason is reported on the pod).
+    Takes the pod's view (the API's JSON is parsed into one here). Raises ``NotEligible`` (skip
+    quietly, with a reason) or ``Refused`` (the pod asks for something invalid; the reason is
+    reported on the pod).
     """
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    status = pod.get("status") or {}
-    pod_labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-
-    if meta.get("deletionTimestamp"):
+    if not isinstance(pod, Pod):
+        pod = Pod.parse(pod)
+    if pod.deleting:
         raise NotEligible("pod is being deleted")
-    if status.get("phase", "Pending") != "Pending" or spec.get("nodeName"):
-        raise NotEligible(f"pod is {status.get('phase', 'Pending')} on node {spec.get('nodeName') or '-'}")
-    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-    if scheduled is None or scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
+    if pod.phase != "Pending" or pod.node_name:
+        raise NotEligible(f"pod is {pod.phase} on node {pod.node_name or '-'}")
+    if not pod.unschedulable:
         raise NotEligible("pod is not marked Unschedulable by the scheduler")
-    if spec.get("schedulingGates"):
+    if pod.gated:
         raise NotEligible("pod still has scheduling gates")
-    if _truthy(pod_labels.get(labels.OPT_OUT)) or _truthy(annotations.get(labels.OPT_OUT)):
+    if _truthy(pod.labels.get(labels.OPT_OUT)) or _truthy(pod.annotations.get(labels.OPT_OUT)):
         raise NotEligible(f"pod opted out with {labels.OPT_OUT}=true")
 
-    jobset = pod_jobset_value(pod, labels.JOBSET_NAME)
-    rjob = pod_jobset_value(pod, labels.REPLICATED_JOB_NAME)
-    index = pod_jobset_value(pod, labels.JOB_INDEX)
+    jobset = pod.jobset_value(labels.JOBSET_NAME)
+    rjob = pod.jobset_value(labels.REPLICATED_JOB_NAME)
+    index = pod.jobset_value(labels.JOB_INDEX)
     if not (jobset and rjob and index is not None):
         raise NotEligible("pod does not belong to a JobSet")
     try:
         job_index = int(index)
     except ValueError:
         raise NotEligible(f"pod has a non-numeric {labels.JOB_INDEX}={index!r}") from None
-    jobset_uid = pod_jobset_value(pod, labels.JOBSET_UID) or ""
+    jobset_uid = pod.jobset_value(labels.JOBSET_UID) or ""
 
-    chips = _tpu_chips(spec)
+    if pod.tpu_problem:
+        raise Refused(pod.tpu_problem)
+    chips = pod.tpu_chips
     if chips <= 0:
         raise NotEligible("pod requests no google.com/tpu")
-    selected = selectors.of_pod_spec(spec)
+    selected = pod.selected
     if selected.get(labels.NODEPOOL):
         # Exclusive-placement followers are pinned to the pool their leader landed on; that pool
         # exists or is being made, and a pod must never cause a second one.
@@ -166,7 +147,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
     extra = selectors.product_labels(selected)  # Refused for a key no pool's nodes could carry
     return SliceRequest(
         slice_id=SliceId(
-            namespace=str(meta.get("namespace") or "default"),
+            namespace=pod.namespace,
             jobset=str(jobset),
             jobset_uid=str(jobset_uid),
             replicated_job=str(rjob),
@@ -181,7 +162,7 @@ def slice_request(pod: Mapping[str, Any]) -> SliceRequest:
         zone=selected.get(labels.ZONE, "").strip(),
         flex_start=flex_start,
         selected=selected,
-        pod_labels={str(k): str(v) for k, v in pod_labels.items()},
+        pod_labels=dict(pod.labels),
     )
 
 
@@ -248,7 +229,7 @@ def policy_of(settings: Settings, jobset: Mapping[str, Any] | None) -> tuple[Cap
 
     A malformed annotation is the user's to fix: Refused, with the parser's reason.
     """
-    annotations = ((jobset or {}).get("metadata") or {}).get("annotations") or {}
+    annotations = Meta.of(jobset).annotations
     text = annotations.get(labels.CAPACITY_POLICY)
     try:
         return capacity.parse_policy(settings.capacity_policy if text is None else str(text))

@@ -204,7 +204,7 @@ def _resolve(expr: ast.expr, src: _Source, depth: int = 0) -> set[str] | None:
 def _calls(src: _Source, name: str) -> list[ast.Call]:
     """Calls of ``name`` (defined in ``src``) in its module and in every module that imports it.
 
-    Elsewhere only plain calls of the imported name count: ``x.done()`` is not ``done()``.
+    Elsewhere only plain calls of the imported name count: ``x.logged()`` is not ``logged()``.
     """
     found = src.calls_to(name)
     for other, local in src.users(name)[1:]:

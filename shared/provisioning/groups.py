@@ -1,0 +1,91 @@
+"""A replicated job's slices requested together: the pools to create, the group, and its deferral.
+
+Every pool of a replicated job is requested in one delivery (with exclusive placement any Job may
+land on any free pool of its shape). ``Create`` is one pool of it with the reason logged and sent
+with its create; ``Group`` is what one delivery carries through the creates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shared.cloud.retry import Budget
+from shared.core import labels
+from shared.core.errors import OperationLimitError, TransientError
+from shared.tpu import catalog
+from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
+from shared.tpu.pods import Pod
+from shared.tpu.slices import SliceRequest, pool_name
+
+# A pod's claimed replica count is only a hint; a forged huge one must not cost more than this.
+_MAX_REPLICAS_HINT = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Create:
+    """One pool to request: the slice, the pool spec, its description and why it is created."""
+
+    request: SliceRequest
+    spec: NodePoolSpec
+    slice_desc: str
+    why: str  # the create's reason, logged and sent to GKE as its operation's description
+
+    @classmethod
+    def of(
+        cls, request: SliceRequest, spec: NodePoolSpec, shape: catalog.SliceShape, note: str = ""
+    ) -> Create:
+        """The create of ``spec`` for ``request``; ``note`` is appended to its reason."""
+        slice_desc = request.slice_id.describe()
+        why = (
+            f"{slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
+            f"({request.accelerator} {shape.topology}, {shape.total_chips} chips)"
+        )
+        return cls(request, spec, slice_desc, f"{why} {note}" if note else why)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One delivery's request of a replicated job: the pod that asked (and its slice), the JobSet
+    read, the pools to create (the pod's own first when it has none yet), their shape, the listing
+    (extended with what is created) and the delivery's deadline."""
+
+    pod: Pod
+    request: SliceRequest
+    jobset: dict[str, Any]
+    wanted: list[Create]
+    shape: catalog.SliceShape
+    pools: list[NodePoolInfo]
+    budget: Budget
+
+
+def group_incomplete(pod: Pod, request: SliceRequest, pools: list[NodePoolInfo]) -> bool:
+    """Whether the listing lacks a pool of the replicated job the pod says it belongs to.
+
+    Only a hint for when to read the JobSet (which then decides); it costs no API call, so a storm
+    of events for slices that exist stays at two reads per event.
+    """
+    try:
+        replicas = int(str(pod.jobset_value(labels.REPLICATED_JOB_REPLICAS) or 0))
+    except ValueError:
+        return False
+    names = {p.name for p in pools}
+    sid = request.slice_id
+    return any(
+        pool_name(dataclasses.replace(sid, job_index=index)) not in names
+        for index in range(min(replicas, _MAX_REPLICAS_HINT))
+    )
+
+
+def deferral(
+    wanted: int, accepted: int, failures: list[TransientError], unsent: int, stopped: str
+) -> TransientError:
+    """The error that sends a partly requested group back for redelivery (OperationLimitError when
+    GKE's operation limit stopped it, so the caller's retry policy can tell)."""
+    reason = stopped or failures[0].why
+    left = unsent + len(failures)
+    why = (
+        f"{accepted} of {wanted} pools of the replicated job requested, {left} left for redelivery: {reason}"
+    )
+    limited = any(isinstance(f, OperationLimitError) for f in failures)
+    return (OperationLimitError if limited else TransientError)(why)
