@@ -178,13 +178,19 @@ def sandbox_up() -> Iterator[tuple[subprocess.Popen[str], _Reader]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # lets the finally below reach the whole tree if the test fails
+        start_new_session=True,  # its own group: a signal to the test's group does not reach it
     )
     try:
         yield proc, _Reader(proc)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            # A failed test: Ctrl-C first, which stops every child (each leads its own process
+            # group, so killing only this one's group would leave them running).
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
 
 
