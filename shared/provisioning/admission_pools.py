@@ -17,6 +17,7 @@ from shared.core.errors import (
     Refused,
     TransientError,
 )
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, decide
@@ -39,8 +40,8 @@ def _node_ready(node: Mapping[str, Any]) -> bool:
 
 
 def _identity(jobset: dict[str, Any]) -> tuple[str, str, str]:
-    meta = jobset.get("metadata") or {}
-    return (str(meta.get("namespace") or "default"), str(meta.get("name") or ""), str(meta.get("uid") or ""))
+    meta = Meta.of(jobset)
+    return (meta.namespace, meta.name, meta.uid)
 
 
 class SlicePools:
@@ -95,7 +96,7 @@ class SlicePools:
                 if nodes is None:
                     nodes = {}
                     for node in self.kube.list_nodes(MANAGED_NODES):
-                        pool_label = ((node.get("metadata") or {}).get("labels") or {}).get(labels.NODEPOOL)
+                        pool_label = Meta.of(node).labels.get(labels.NODEPOOL)
                         if pool_label and _node_ready(node):
                             nodes[pool_label] = nodes.get(pool_label, 0) + 1
                 ready = nodes.get(pool.name, 0)
@@ -197,8 +198,8 @@ class SlicePools:
 
     def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo) -> None:
         """Delete a failed pool whose backoff is over (occupancy-safe, as reconcile recycles it)."""
-        meta = jobset.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        meta = Meta.of(jobset)
+        key = (meta.namespace, meta.name)
         why = f"GKE could not provision it ({pool.status_message or 'status ERROR'}); its backoff is over"
         outcome = Releaser(self.settings, self.gke, self.kube).dispose(
             [(pool, Verdict(True, why))], "admission check", {key: jobset}, [pool]

@@ -38,6 +38,7 @@ from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.cloud.retry import Budget
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, OperationLimitError, Refused, TpuProvError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning.fanout import FanOut, fan_out
 from shared.provisioning.known import KnownPools, group_of
@@ -282,7 +283,7 @@ class Slots:
             known.forget(pool)
         cluster = self.settings.cluster_path
         pods = self.kube.list_pods(label_selector=labels.JOBSET_NAME, field_selector="status.phase=Pending")
-        pods.sort(key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+        pods.sort(key=lambda p: Meta.of(p).created)
         pools = self.gke.list_node_pools(cluster)
         requested: list[str] = []
         done: set[str] = set()
