@@ -24,6 +24,7 @@ from shared.cloud.ports import ObjectAPI
 from shared.cloud.retry import Budget, call_retrying
 from shared.core import logs
 from shared.core.errors import InvalidInputError, NotFoundError, TransientError
+from shared.core.meta import Meta
 from shared.kueue.model import KueueConfig
 from shared.kueue.render import MANAGED_KINDS, MANAGED_SELECTOR, render
 
@@ -55,7 +56,7 @@ class KueueReport:
 
 
 def _version(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return Meta.of(obj).resource_version
 
 
 class KueueService:

@@ -26,6 +26,7 @@ from shared.cloud.ports import ObjectAPI
 from shared.cloud.retry import Budget, call_retrying
 from shared.core import logs
 from shared.core.errors import NotFoundError, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.setup.manifests import (
     CRD_KIND,
@@ -217,13 +218,13 @@ class Installer:
             )
         except NotFoundError:
             return ""
-        return str((current.get("metadata") or {}).get("resourceVersion") or "?")
+        return Meta.of(current).resource_version or "?"
 
     def _apply(self, doc: Mapping[str, Any], result: ComponentResult, budget: Budget) -> None:
         what = describe(doc)
         before = self._retrying(functools.partial(self._resource_version, doc), f"read {what}", budget)
         after = self._retrying(functools.partial(self.objects.apply, doc), f"apply {what}", budget)
-        after_version = str((after.get("metadata") or {}).get("resourceVersion") or "")
+        after_version = Meta.of(after).resource_version
         if not before:
             result.created.append(what)
         elif before != after_version:

@@ -22,6 +22,7 @@ import yaml
 
 from shared.core import labels
 from shared.core.errors import InvalidInputError
+from shared.core.meta import Meta
 
 # Stamped on each controller Deployment the installer applies, so detection does not depend on
 # how the image is named (mirrors, digests).
@@ -129,8 +130,7 @@ def image_tag(image: str) -> str:
 
 def deployed_version(deployment: Mapping[str, Any], component: Component) -> str:
     """The version a controller Deployment runs: the installer's stamp, else the image tag, else ""."""
-    meta = deployment.get("metadata") or {}
-    stamped = (meta.get("annotations") or {}).get(VERSION_ANNOTATION, "")
+    stamped = Meta.of(deployment).annotations.get(VERSION_ANNOTATION, "")
     if stamped:
         return str(stamped)
     containers = (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
@@ -162,7 +162,7 @@ def _read_documents(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any]
     for index, doc in enumerate(docs):
         if not isinstance(doc, dict) or not doc.get("apiVersion") or not doc.get("kind"):
             problems.append(f"document {index} has no apiVersion/kind")
-        elif not (doc.get("metadata") or {}).get("name"):
+        elif not Meta.of(doc).name:
             problems.append(f"document {index} ({doc['kind']}) has no metadata.name")
     if problems:
         raise InvalidInputError(f"{path}: " + "; ".join(problems))
