@@ -59,6 +59,7 @@ JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
 ADOPTED_REASON = "TPUSliceAdopted"
 OPERATOR = "operator"
 DEFAULT_POOL = "default-pool"
+NODE_REGISTER_ATTEMPTS = 5
 
 
 class RealStack:
@@ -240,7 +241,20 @@ class RealStack:
 
     def _pool_ready(self, pool: dict[str, Any]) -> None:
         spec = nodes.pool_from_gke(pool, self.compute.topology_of)
-        names = nodes.register_pool_nodes(self.kube_cluster.client(), self.config.cluster_name, spec)
+        # The emulator's hook only logs what it raises, and a pool whose Nodes never register leaves
+        # its pods pending for good: an API server slow under load gets more tries (the kubelets of a
+        # real pool keep trying to register too).
+        for attempt in range(1, NODE_REGISTER_ATTEMPTS + 1):
+            try:
+                names = nodes.register_pool_nodes(self.kube_cluster.client(), self.config.cluster_name, spec)
+                break
+            except (ApiError, OSError) as exc:
+                if isinstance(exc, ApiError) and exc.status < 500 and exc.status != 429:
+                    raise
+                if attempt == NODE_REGISTER_ATTEMPTS:
+                    raise
+                self.timeline.add("gke", f"pool {spec.pool}: registering its Nodes failed ({exc}); retrying")
+                time.sleep(attempt)
         self.timeline.add("gke", f"pool {spec.pool} RUNNING: {len(names)} Node(s) registered")
 
     def _pool_updated(self, pool: dict[str, Any]) -> None:
