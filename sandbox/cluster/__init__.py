@@ -1,1 +1,0 @@
-"""Simulated in-cluster components: the JobSet controller, the scheduler and node mirroring."""
