@@ -5,8 +5,7 @@ about it: exactly one successful create per slice, no pool left once the JobSet 
 product's Events recorded in the Kubernetes API.
 
 They read a stack through ``ScenarioStack``, which the real stack (``RealStack``: the real API
-server, scheduler, controller manager, JobSet, Kueue and KWOK) provides; the stand-in ``Stack``
-still provides it too while its last scenarios move over.
+server, scheduler, controller manager, JobSet, Kueue and KWOK) provides.
 """
 
 from __future__ import annotations
@@ -35,19 +34,10 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 FAST_RETRY = RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4)
 # A stockout backoff of seconds, not minutes: 2, 4, 8, 8... (tests wait it out or walk through it).
 FAST_ENV = {"STOCKOUT_BACKOFF_SECONDS": "2", "STOCKOUT_BACKOFF_MAX_SECONDS": "8"}
-# The stand-in stack's settings (its simulated scheduler's backoffs and default pod run time).
-FAST = StackConfig(
-    gke_op_delay=0.5,
-    retry=FAST_RETRY,
-    scheduler_initial_backoff=0.5,
-    scheduler_max_backoff=2.0,
-    default_run_seconds=1.0,
-    function_env=FAST_ENV,
-)
-# The real stack's: every function (setup_cluster installs JobSet and Kueue, apply_kueue the
-# queues), a preempted JobSet's pools up for release a second after Kueue suspends it (infra:
-# minutes), GKE operations of half a second. How long a pod runs is its template's
-# ``run-seconds`` annotation, played by KWOK.
+# The real stack in scenario tests: every function (setup_cluster installs JobSet and Kueue,
+# apply_kueue the queues), a preempted JobSet's pools up for release a second after Kueue
+# suspends it (infra: minutes), GKE operations of half a second. How long a pod runs is its
+# template's ``run-seconds`` annotation, played by KWOK.
 SUSPEND_GRACE = 1
 REAL_FAST = StackConfig(
     functions=ALL_FUNCTIONS,

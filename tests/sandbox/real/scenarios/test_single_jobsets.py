@@ -1,4 +1,4 @@
-"""Scenarios of single JobSets on the real components (``RealStack``), one stack for the module.
+"""Scenarios of single JobSets on the real components (``RealStack``), on the package's stack.
 
 Ported from the stand-in stack's tests/sandbox/test_flow.py, test_faults.py and test_stockout.py.
 The JobSets are not queued (Kueue leaves them alone): the real JobSet controller creates their
@@ -161,14 +161,14 @@ def test_duplicated_and_reordered_pending_events(stack: RealStack) -> None:
 def test_terminal_event_before_the_last_pending_event(stack: RealStack) -> None:
     """Ported from tests/sandbox/test_flow.py. The JobSet's deletion reaches release through the
     real API server's audit log; its pods go through the real garbage collector."""
-    submit(stack, exclusive_tpu_jobset("late", replicas=1, topology="2x2", run_seconds=RUN))
-    assert wait_finished(stack, "late", FINISH) == "Completed"
-    wait_released(stack, "late", RELEASE)
-    last_pending = _routed_pod_entries(stack, "late")[-1]
+    submit(stack, exclusive_tpu_jobset("tardy", replicas=1, topology="2x2", run_seconds=RUN))
+    assert wait_finished(stack, "tardy", FINISH) == "Completed"
+    wait_released(stack, "tardy", RELEASE)
+    last_pending = _routed_pod_entries(stack, "tardy")[-1]
 
     def skipped(why: str) -> bool:
         return any(
-            "default/late-" in d.get("message", "") and why in d.get("message", "")
+            "default/tardy-" in d.get("message", "") and why in d.get("message", "")
             for d in stack.decisions("provision.skipped")
         )
 
@@ -178,17 +178,17 @@ def test_terminal_event_before_the_last_pending_event(stack: RealStack) -> None:
     stack.wait_for(lambda: skipped("Succeeded"), 30, "the late pending event to be skipped")
 
     # Once the JobSet is deleted (its audit entry routed too) and its pods collected: still nothing.
-    assert stack.delete_jobset("default", "late")
+    assert stack.delete_jobset("default", "tardy")
     stack.wait_for(
-        lambda: any("late" in d.get("message", "") for d in stack.decisions("release.nothing", "release")),
+        lambda: any("tardy" in d.get("message", "") for d in stack.decisions("release.nothing", "release")),
         60,
         "the deletion's audit entry to reach release",
     )
-    stack.wait_for(lambda: not _pods(stack, "late"), 120, "the garbage collector to delete late's pods")
+    stack.wait_for(lambda: not _pods(stack, "tardy"), 120, "the garbage collector to delete tardy's pods")
     message = stack.publish_entry("provision", last_pending)
     stack.wait_for(lambda: _acked(stack, message), 60, "the late pending event to be acked")
     stack.wait_for(lambda: skipped("no longer exists"), 30, "the late pending event to be skipped")
-    assert_clean_run(stack, "late", slices=1)
+    assert_clean_run(stack, "tardy", slices=1)
 
 
 # -- GKE faults (from test_faults.py) -------------------------------------------------------------
