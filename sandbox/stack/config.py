@@ -18,7 +18,7 @@ ALL_FUNCTIONS = tuple(f.function for f in FUNCTIONS)  # plus setup_cluster and a
 
 @dataclasses.dataclass(frozen=True)
 class StackConfig:
-    """Everything a ``Stack`` can be tuned with.
+    """Everything a ``RealStack`` can be tuned with (each function always holds exactly its role).
 
     ``retry`` and ``max_delivery_attempts`` default to what infra declares; tests that exercise
     redelivery pass a shorter backoff of the same shape so that a retry takes a second, not ten.
@@ -33,21 +33,10 @@ class StackConfig:
     gke_op_delay: float = 2.0  # seconds a node-pool create/delete operation takes
     retry: RetryPolicy = INFRA_RETRY_POLICY
     max_delivery_attempts: int = INFRA_MAX_DELIVERY_ATTEMPTS
-    scheduler_initial_backoff: float = 1.0
-    scheduler_max_backoff: float = 10.0
-    default_run_seconds: float = 3.0  # how long a pod runs unless its annotation says otherwise
-    cpu_nodes: int = 2  # the cluster's default (non-TPU) pool
+    cpu_nodes: int = 2  # the cluster's default (non-TPU) pool, where KWOK plays the controllers' pods
     max_event_age_seconds: int = 900
     function_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     manifests_dir: Path = DEFAULT_MANIFESTS_DIR
-    jobset_manifest: str = "jobset-v0.10.1.yaml"
-    # Serve Kueue's CRDs and run the simulated Kueue (idle until ClusterQueues and queued JobSets exist).
-    kueue: bool = True
-    kueue_manifest: str = "kueue-v0.19.2.yaml"
-    scheduler_bind_delay: float = 0.0  # seconds between a scheduling decision and its bind
     sinks_dir: Path = DEFAULT_SINKS_DIR
     workdir: Path | None = None  # logs and kubeconfig; a fresh temporary directory when None
     startup_timeout: float = 90.0
-    # Each function calls the emulators with its own service account's token and gets exactly the
-    # permissions its role in infra/roles.json grants (GKE's 403 otherwise); False lets anyone in.
-    enforce_iam: bool = True
