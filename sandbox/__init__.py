@@ -1,4 +1,5 @@
-"""Local stand-ins for the cloud and the cluster the provisioner talks to; tests, demo and benchmarks.
+"""The local world the provisioner runs in: the real Kubernetes components, emulators for GKE,
+Compute, IAM and Cloud Logging, the real Pub/Sub emulator; tests, demo and benchmarks.
 
 Layout: ``emulators`` (GKE API, Kubernetes API, Pub/Sub, Eventarc relay, Cloud Logging), ``cluster``
 (simulated JobSet controller, scheduler, nodes), ``stack`` (all of it wired together), ``bench``

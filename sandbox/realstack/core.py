@@ -1,4 +1,4 @@
-"""The product end to end on the real Kubernetes components, beside the stand-in ``sandbox.stack``.
+"""The product end to end on the real Kubernetes components (the emulators only where GKE is).
 
 ``RealStack(config)`` brings up, in a network namespace with only ``lo``:
 
@@ -408,7 +408,7 @@ class RealStack:
         return str(self.publisher.publish(topic, data).result(timeout=30))
 
     def summary(self) -> StackSummary:
-        """The stand-in's closing numbers; pods killed counted from the real pods (``PodFates``)."""
+        """The run's closing numbers; pods killed counted from the real pods (``PodFates``)."""
         assert self.pods is not None
         with self._lock:
             deleted = list(self._deleted_pools)

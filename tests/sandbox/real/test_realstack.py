@@ -33,7 +33,7 @@ CONFIG = StackConfig(
     functions=ALL_FUNCTIONS,
     function_env={"SUSPEND_GRACE_SECONDS": str(SUSPEND_GRACE)},
     gke_op_delay=1.0,
-    # Redelivery within seconds, as the stand-in scenarios' FAST config does.
+    # Redelivery within seconds, as REAL_FAST gives the other scenario modules.
     retry=RetryPolicy(minimum_backoff_seconds=1, maximum_backoff_seconds=4),
 )
 
