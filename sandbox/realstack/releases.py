@@ -25,12 +25,27 @@ from sandbox.emulators.sockets import free_ports
 from sandbox.kube import addons
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
+from shared.cloud.objects import FIELD_MANAGER
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 HOOK_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 API_SERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/{ns}/deployments/{name}"
+_TYPES = {
+    "mutatingwebhookconfigurations": {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+    },
+    "validatingwebhookconfigurations": {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+    },
+    "customresourcedefinitions": {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+    },
+}
 
 
 class ReleaseWiring:
@@ -93,8 +108,15 @@ class ReleaseWiring:
                 self._update(f"{CRDS}/{crd['metadata']['name']}", crd, "customresourcedefinitions")
 
     def _update(self, path: str, obj: dict[str, Any], kind: str) -> None:
+        # Written as part of setup_cluster's own applied configuration (its field manager), so its
+        # next apply of the release replaces the url with the Service again instead of adding the
+        # Service beside it (the API server refuses a webhook with both); the loop then repoints.
+        body = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
+        body.update(_TYPES[kind])  # list items carry no apiVersion and kind; an apply needs them
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
         try:
-            self.api.request("PUT", path, obj)  # resourceVersion as read: a concurrent apply wins, retry
+            # resourceVersion as read: a concurrent apply wins (409), the next pass repoints again
+            self.api.request("PATCH", path, body, content_type="application/apply-patch+yaml", query=query)
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
 
-from sandbox.emulators.kube.api import KubeApiServer
+from sandbox import polling
 from sandbox.testing.fixtures import kube as fixtures_kube
+from sandbox.testing.fixtures.kube import KubeHandle
+from sandbox.testing.fixtures.releases import SETUP, ReleaseCluster, release_cluster
 from sandbox.testing.fnclient import LoggedFunction, served_function
 from shared.core.errors import InvalidInputError
 from shared.core.settings import Settings
@@ -113,82 +117,55 @@ def test_bad_payloads_are_invalid_input(payload: bytes, reason: str) -> None:
 
 
 # ----------------------------------------------------------------------------- over the wire
+# On a real control plane (see sandbox.testing.fixtures.releases); the function authenticates with
+# its own kubeconfig. The tests that need the releases' webhooks served come last.
+
+JOBSET_DEPLOYMENT = ("apps/v1", "deployments", "jobset-system", "jobset-controller-manager")
+FunctionFactory = Callable[..., AbstractContextManager[LoggedFunction]]
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[ReleaseCluster]:
+    with release_cluster() as running:
+        yield running
 
 
 @pytest.fixture
-def cluster() -> Iterator[KubeApiServer]:
-    """An empty cluster API (no JobSet, no Kueue)."""
-    fixtures_kube.require_manifest(fixtures_kube.JOBSET_MANIFEST)
-    fixtures_kube.require_manifest(fixtures_kube.KUEUE_MANIFEST)
-    server = KubeApiServer(crd_establish_delay=0.02, deployment_ready_delay=0.02).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def fresh(rig: ReleaseCluster) -> KubeHandle:
+    """The module's cluster with no JobSet and no Kueue."""
+    return rig.fresh()
 
 
 @pytest.fixture
-def function(cluster: KubeApiServer) -> Iterator[LoggedFunction]:
-    """The function app as Cloud Run serves it, configured for ``cluster`` with tiny bounds."""
-    settings = Settings(
-        project_id="test-proj",
-        location="us-central2-b",
-        cluster_name="test-cluster",
-        kube_api_endpoint=cluster.url,
-        manifests_dir=str(fixtures_kube.MANIFESTS_DIR),
-        setup_timeout_seconds=10,
-        setup_webhook_retry_seconds=1,
-        setup_poll_interval_ms=10,
-    )
-    with served_function("setup_cluster", settings, "tpuprov-setup") as served:
+def serve(rig: ReleaseCluster) -> FunctionFactory:
+    """The function app as Cloud Run serves it, configured for the cluster with small bounds."""
+
+    def start(timeout: int = 60, webhook_retry: int = 20) -> AbstractContextManager[LoggedFunction]:
+        settings = Settings(
+            project_id="test-proj",
+            location="us-central2-b",
+            cluster_name="test-cluster",
+            kubeconfig=str(rig.cluster.kubeconfig_for(SETUP)),
+            manifests_dir=str(fixtures_kube.MANIFESTS_DIR),
+            setup_timeout_seconds=timeout,
+            setup_webhook_retry_seconds=webhook_retry,
+            setup_poll_interval_ms=50,
+        )
+        return served_function("setup_cluster", settings, "tpuprov-setup")
+
+    return start
+
+
+@pytest.fixture
+def function(serve: FunctionFactory) -> Iterator[LoggedFunction]:
+    with serve() as served:
         yield served
 
 
-def _deployment_version(cluster: KubeApiServer, namespace: str, name: str) -> str:
-    obj = cluster.get("apps/v1", "deployments", namespace, name)
+def _deployment_version(handle: KubeHandle, namespace: str, name: str) -> str:
+    obj = handle.get("apps/v1", "deployments", namespace, name)
     assert obj is not None
     return str(obj["metadata"]["annotations"]["tpuprov.dev/installed-version"])
-
-
-def _down(times: int) -> tuple[int, int, Any, str]:
-    def match(method: str, path: str) -> bool:
-        return method == "PATCH" and "/deployments/" in path
-
-    return times, 500, match, WEBHOOK_DOWN
-
-
-@pytest.mark.integration
-def test_manual_message_installs_then_a_rerun_changes_nothing(
-    function: LoggedFunction, cluster: KubeApiServer
-) -> None:
-    response = function.post(json.dumps({"cluster": MANAGED}).encode())
-    assert response.status_code == 200
-    assert _deployment_version(cluster, "jobset-system", "jobset-controller-manager") == "v0.10.1"
-    assert _deployment_version(cluster, "kueue-system", "kueue-controller-manager") == "v0.19.2"
-    assert cluster.get(
-        "apiextensions.k8s.io/v1", "customresourcedefinitions", None, "clusterqueues.kueue.x-k8s.io"
-    )
-    [done] = function.events("setup.done")
-    assert done["changed"] is True and done["cluster"] == MANAGED
-
-    version = cluster.resource_version
-    response = function.post(json.dumps({"cluster": MANAGED}).encode(), message_id="1002")
-    assert response.status_code == 200
-    assert cluster.resource_version == version
-    rerun = function.events("setup.done")[-1]
-    assert rerun["changed"] is False
-    assert "jobset v0.10.1: unchanged" in rerun["message"] and "kueue v0.19.2: unchanged" in rerun["message"]
-
-
-@pytest.mark.integration
-def test_cluster_creation_audit_entry_bootstraps_another_cluster(
-    function: LoggedFunction, cluster: KubeApiServer
-) -> None:
-    response = function.post(json.dumps(_audit_entry()).encode())
-    assert response.status_code == 200
-    assert _deployment_version(cluster, "kueue-system", "kueue-controller-manager") == "v0.19.2"
-    [done] = function.events("setup.done")
-    assert done["cluster"] == NEW_CLUSTER
 
 
 @pytest.mark.integration
@@ -202,45 +179,106 @@ def test_cluster_creation_audit_entry_bootstraps_another_cluster(
     ids=["not-json", "bad-cluster-path", "empty-message"],
 )
 def test_bad_payload_is_logged_and_acknowledged(
-    function: LoggedFunction, cluster: KubeApiServer, payload: bytes | None, logged: str
+    fresh: KubeHandle, function: LoggedFunction, payload: bytes | None, logged: str
 ) -> None:
     response = function.post(payload)
     assert response.status_code == 200
-    assert cluster.count("PATCH") == 0
+    assert fresh.count("PATCH") == 0
     [acked] = function.events("delivery.acked")
     assert logged in acked["message"]
 
 
 @pytest.mark.integration
 def test_first_entry_of_the_creation_is_acknowledged_without_setup(
-    function: LoggedFunction, cluster: KubeApiServer
+    fresh: KubeHandle, function: LoggedFunction
 ) -> None:
     response = function.post(json.dumps(_audit_entry(last=False)).encode())
     assert response.status_code == 200
-    assert cluster.count() == 0
+    assert fresh.count() == 0
     [ignored] = function.events("setup.ignored")
     assert "still running" in ignored["message"]
 
 
 @pytest.mark.integration
-def test_webhook_that_stays_down_answers_503_for_redelivery(
-    function: LoggedFunction, cluster: KubeApiServer
+def test_manual_message_installs_and_both_controllers_become_available(
+    fresh: KubeHandle, function: LoggedFunction
 ) -> None:
-    cluster.fail_next(*_down(10_000))
     response = function.post(json.dumps({"cluster": MANAGED}).encode())
-    assert response.status_code == 503
-    # The retries happened inside the delivery before it was handed back to Pub/Sub.
-    assert cluster.count("PATCH", "/deployments/jobset-controller-manager") >= 3
-    [retry] = function.events("delivery.retry")
-    assert "failed calling webhook" in retry["message"]
+    assert response.status_code == 200
+    assert _deployment_version(fresh, "jobset-system", "jobset-controller-manager") == "v0.10.1"
+    assert _deployment_version(fresh, "kueue-system", "kueue-controller-manager") == "v0.19.2"
+    assert fresh.get(
+        "apiextensions.k8s.io/v1", "customresourcedefinitions", None, "clusterqueues.kueue.x-k8s.io"
+    )
+    for namespace in ("jobset-system", "kueue-system"):
+        pods = fresh.list("v1", "pods", namespace)
+        assert pods and all(p["status"]["phase"] == "Running" for p in pods)
+    [done] = function.events("setup.done")
+    assert done["changed"] is True and done["cluster"] == MANAGED
+
+
+@pytest.mark.integration
+def test_cluster_creation_audit_entry_bootstraps_another_cluster(
+    fresh: KubeHandle, function: LoggedFunction
+) -> None:
+    response = function.post(json.dumps(_audit_entry()).encode())
+    assert response.status_code == 200
+    assert _deployment_version(fresh, "kueue-system", "kueue-controller-manager") == "v0.19.2"
+    [done] = function.events("setup.done")
+    assert done["cluster"] == NEW_CLUSTER
+
+
+@pytest.mark.integration
+def test_webhook_that_stays_down_answers_503_for_redelivery(
+    fresh: KubeHandle, serve: FunctionFactory
+) -> None:
+    # Kueue's release is installed but nothing serves its webhooks: the next write of the JobSet
+    # Deployment fails at Kueue's Deployment webhook, as on a cluster whose Kueue is down.
+    with serve() as function:
+        assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
+    fresh.clear_requests()
+    with serve(timeout=10, webhook_retry=2) as function:
+        response = function.post(json.dumps({"cluster": MANAGED}).encode(), message_id="1002")
+        assert response.status_code == 503
+        # The retries happened inside the delivery before it was handed back to Pub/Sub.
+        assert fresh.count("PATCH", "/deployments/jobset-controller-manager") >= 3
+        [retry] = function.events("delivery.retry")
+        assert "failed calling webhook" in retry["message"]
 
 
 @pytest.mark.integration
 def test_webhook_that_recovers_is_retried_within_the_delivery(
-    function: LoggedFunction, cluster: KubeApiServer
+    rig: ReleaseCluster, fresh: KubeHandle, serve: FunctionFactory
 ) -> None:
-    cluster.fail_next(*_down(2))
-    response = function.post(json.dumps({"cluster": MANAGED}).encode())
+    with serve() as function:
+        assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
+    fresh.clear_requests()
+    with serve(timeout=170, webhook_retry=160) as function, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(function.post, json.dumps({"cluster": MANAGED}).encode(), message_id="1002")
+        # The first write of the JobSet Deployment was refused; then Kueue's controller comes up.
+        polling.eventually(
+            lambda: fresh.count("PATCH", "/deployments/jobset-controller-manager"), 60, "a first attempt"
+        )
+        rig.serve_webhooks()
+        response = running.result(timeout=180)
     assert response.status_code == 200
-    assert cluster.count("PATCH", "/deployments/") == 4
-    assert _deployment_version(cluster, "jobset-system", "jobset-controller-manager") == "v0.10.1"
+    assert fresh.count("PATCH", "/deployments/jobset-controller-manager") >= 2
+    assert _deployment_version(fresh, "jobset-system", "jobset-controller-manager") == "v0.10.1"
+
+
+@pytest.mark.integration
+def test_a_rerun_on_an_installed_cluster_leaves_the_controllers_as_they_were(
+    rig: ReleaseCluster, function: LoggedFunction
+) -> None:
+    # After the test above: installed, webhooks served.
+    rig.wait_served()
+    handle = rig.handle
+    before = handle.get(*JOBSET_DEPLOYMENT)
+    assert before is not None
+    response = function.post(json.dumps({"cluster": MANAGED}).encode(), message_id="1003")
+    assert response.status_code == 200
+    rerun = function.events("setup.done")[-1]
+    assert "jobset v0.10.1:" in rerun["message"] and "kueue v0.19.2:" in rerun["message"]
+    after = handle.get(*JOBSET_DEPLOYMENT)
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

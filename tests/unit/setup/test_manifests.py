@@ -9,13 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from sandbox.emulators.kube.api import KubeApiServer
 from sandbox.testing.fixtures import kube as fixtures_kube
-from shared.cloud.objects import ApiClientObjects, Bounds
+from shared.cloud.objects import Bounds
 from shared.core.errors import InvalidInputError
-from shared.core.settings import Settings
 from shared.setup import manifests
-from shared.setup.installer import Installer
 
 MANIFESTS = fixtures_kube.MANIFESTS_DIR
 JOBSET_VERSION, KUEUE_VERSION = "v0.10.1", "v0.19.2"
@@ -205,20 +202,3 @@ def test_a_file_whose_image_does_not_match_its_name_is_refused(tmp_path: Path) -
 def test_a_missing_release_file_is_reported(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match=r"kueue-v0\.19\.2\.yaml is missing from the image"):
         manifests.load_release(str(tmp_path), manifests.KUEUE, KUEUE_VERSION)
-
-
-@needs_manifests
-@pytest.mark.integration
-def test_the_installed_kueue_config_enables_jobset(tmp_path: Path) -> None:
-    with KubeApiServer() as server:
-        client = server.api_client()
-        try:
-            settings = Settings(manifests_dir=str(_manifest_dir(tmp_path, _without_jobset)))
-            Installer(
-                ApiClientObjects(client), settings, Bounds(total=20.0, webhook_retry=5.0, poll=0.01)
-            ).install()
-        finally:
-            client.close()
-        config_map = server.get("v1", "configmaps", "kueue-system", "kueue-manager-config")
-    assert config_map is not None
-    assert "jobset.x-k8s.io/jobset" in _manager_config([config_map])["integrations"]["frameworks"]
