@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from shared.core.errors import Skip
+from shared.core.meta import Meta
 from shared.events.fields import (
     ACTIVITY_LOG_SUFFIXES,
     AUDIT_LOG_TYPE,
@@ -197,11 +198,10 @@ def _kube_event(
     object_kind = obj.get("kind")
     if object_kind not in ("Pod", "JobSet", "Workload"):
         raise Skip(f"Event about a {clip(object_kind)} ({clip(reason)}), not a Pod, JobSet or Workload")
-    meta = payload.get("metadata")
-    event_ns = meta.get("namespace") if isinstance(meta, Mapping) else None
+    event_ns = Meta.of(payload, default_namespace="").namespace
     object_ns = obj.get("namespace")
     # Mirror the exporter's RBAC check: an Event may only speak about objects in its own namespace.
-    if isinstance(event_ns, str) and event_ns and event_ns != object_ns:
+    if event_ns and event_ns != object_ns:
         raise Skip(f"Event in namespace {clip(event_ns)} is about an object in {clip(object_ns)}")
     if object_kind == "Pod":
         return _pod_event(entry, payload, obj, reason, cluster, resource_type, labels)

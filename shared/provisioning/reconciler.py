@@ -21,6 +21,7 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, OperationLimitError, Refused, TransientError
+from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning import backoff
 from shared.provisioning.guard import stale_cordons
@@ -80,10 +81,8 @@ class Reconciler:
         pools = [p for p in listing if is_managed(p)]
         summary.pools_seen = len(pools)
         all_jobsets = self.kube.list_jobsets()
-        jobsets: JobSets = {
-            (js.get("metadata", {}).get("namespace", ""), js.get("metadata", {}).get("name", "")): js
-            for js in all_jobsets
-        }
+        metas = [Meta.of(js, default_namespace="") for js in all_jobsets]
+        jobsets: JobSets = {(m.namespace, m.name): js for m, js in zip(metas, all_jobsets, strict=True)}
         now = datetime.datetime.fromtimestamp(self.clock(), tz=datetime.UTC)
 
         failed = [p for p in pools if p.status == STATUS_ERROR]

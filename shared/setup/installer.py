@@ -107,8 +107,8 @@ def _condition_true(obj: Mapping[str, Any], condition: str) -> bool:
 
 
 def _deployment_available(deployment: Mapping[str, Any]) -> bool:
-    meta, status = deployment.get("metadata") or {}, deployment.get("status") or {}
-    generation, observed = meta.get("generation"), status.get("observedGeneration")
+    generation = Meta.of(deployment).generation
+    observed = (deployment.get("status") or {}).get("observedGeneration")
     # After an upgrade the old ReplicaSet may still be Available; wait until the controller saw
     # the new template.
     if isinstance(generation, int) and isinstance(observed, int) and observed < generation:
@@ -211,11 +211,9 @@ class Installer:
         return str(self._retrying(read, f"read {component.name} version", budget))
 
     def _resource_version(self, doc: Mapping[str, Any]) -> str:
-        meta = doc.get("metadata") or {}
+        meta = Meta.of(doc, default_namespace="")  # a cluster-scoped object names no namespace
         try:
-            current = self.objects.get(
-                doc["apiVersion"], doc["kind"], meta["name"], meta.get("namespace") or ""
-            )
+            current = self.objects.get(doc["apiVersion"], doc["kind"], meta.name, meta.namespace)
         except NotFoundError:
             return ""
         return Meta.of(current).resource_version or "?"
@@ -247,7 +245,7 @@ class Installer:
             budget.pause(self.bounds.poll)
 
     def _wait_established(self, crds: list[dict[str, Any]], budget: Budget) -> None:
-        pending = [crd["metadata"]["name"] for crd in crds]
+        pending = [Meta.of(crd).name for crd in crds]
 
         def ready() -> bool:
             while pending:

@@ -187,12 +187,8 @@ def order_documents(docs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def find(docs: Sequence[Mapping[str, Any]], kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
     """The document of ``kind`` named ``namespace/name``, or None."""
     for doc in docs:
-        meta = doc.get("metadata") or {}
-        if (
-            doc.get("kind") == kind
-            and meta.get("name") == name
-            and (meta.get("namespace") or "") == namespace
-        ):
+        meta = Meta.of(doc, default_namespace="")
+        if doc.get("kind") == kind and meta.name == name and meta.namespace == namespace:
             return doc
     return None
 

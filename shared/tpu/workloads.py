@@ -21,6 +21,7 @@ from typing import Any
 from shared.core import labels
 from shared.core.errors import NotEligible
 from shared.tpu.jobsets import expand_pods
+from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest, slice_request
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -190,9 +191,8 @@ def workload_slices(
     shaped = with_flavor_labels(jobset, flavor_labels)
     seen: set[tuple[str, int]] = set()
     found: list[WorkloadSlice] = []
-    for pod in expand_pods(shaped):
-        pod_labels = pod["metadata"]["labels"]
-        rjob, index = str(pod_labels[labels.REPLICATED_JOB_NAME]), int(pod_labels[labels.JOB_INDEX])
+    for pod in map(Pod.parse, expand_pods(shaped)):
+        rjob, index = pod.labels[labels.REPLICATED_JOB_NAME], int(pod.labels[labels.JOB_INDEX])
         if rjob not in pod_sets or (rjob, index) in seen:
             continue
         seen.add((rjob, index))
