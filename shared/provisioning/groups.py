@@ -1,8 +1,10 @@
-"""A replicated job's slices requested together: the pools to create, the group, and its deferral.
+"""A replicated job's slices requested together: their specs, the pools to create, the group, and
+its deferral.
 
 Every pool of a replicated job is requested in one delivery (with exclusive placement any Job may
-land on any free pool of its shape). ``Create`` is one pool of it with the reason logged and sent
-with its create; ``Group`` is what one delivery carries through the creates.
+land on any free pool of its shape). ``Specs`` builds each slice's pool spec once per capacity
+option; ``Create`` is one pool of it with the reason logged and sent with its create; ``Group`` is
+what one delivery carries through the creates.
 """
 
 from __future__ import annotations
@@ -13,13 +15,42 @@ from typing import Any
 from shared.cloud.retry import Budget
 from shared.core import labels
 from shared.core.errors import OperationLimitError, TransientError
-from shared.tpu import catalog
-from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
+from shared.core.settings import Settings
+from shared.tpu import capacity, catalog
+from shared.tpu.capacity import CapacityOption
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec
 from shared.tpu.pods import Pod
-from shared.tpu.slices import SliceRequest, pool_name
+from shared.tpu.slices import SliceRequest, build_node_pool, pool_name
 
 # A pod's claimed replica count is only a hint; a forged huge one must not cost more than this.
 _MAX_REPLICAS_HINT = 1024
+
+
+class Specs:
+    """The pool specs of one delivery's slices, each built once per (slice, capacity option).
+
+    The pod's own spec is first built on its own choice (what it selects, in its default zone),
+    before the JobSet's capacity policy is known; an attempt whose option is that same choice gets
+    that spec back instead of a second build. Raises ``Refused`` (from ``build_node_pool``) for a
+    slice no pool can be.
+    """
+
+    def __init__(self, settings: Settings, cluster: ClusterInfo) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        self._built: dict[tuple[str, str], tuple[NodePoolSpec, catalog.SliceShape]] = {}
+
+    def of(
+        self, request: SliceRequest, option: CapacityOption | None = None
+    ) -> tuple[NodePoolSpec, catalog.SliceShape]:
+        """The spec and shape of ``request``'s pool on ``option`` (None: the pod's own choice)."""
+        key = (request.pool_name, option.key if option is not None else "")
+        if key not in self._built:
+            built = build_node_pool(self.settings, request, self.cluster, option)
+            self._built[key] = built
+            if option is None:  # the own choice is also the option it resolved to
+                self._built.setdefault((request.pool_name, capacity.key_of_spec(built[0])), built)
+        return self._built[key]
 
 
 @dataclasses.dataclass(frozen=True)

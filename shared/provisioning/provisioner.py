@@ -29,14 +29,14 @@ from shared.core.errors import (
 from shared.core.settings import Settings
 from shared.provisioning import backoff, slots
 from shared.provisioning.fallback import Attempts, Fallback
-from shared.provisioning.groups import Create, Group, deferral, group_incomplete
+from shared.provisioning.groups import Create, Group, Specs, deferral, group_incomplete
 from shared.provisioning.guardrails import guardrail, label_problem, managed_chips, over_chip_budget
 from shared.provisioning.handover import Handover
 from shared.provisioning.known import KnownPools, group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, logged
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.refit import Refit
-from shared.tpu import capacity, catalog, selectors
+from shared.tpu import selectors
 from shared.tpu.jobsets import jobset_problem, jobset_ref, replicas_of
 from shared.tpu.nodepools import (
     STATUS_ERROR,
@@ -44,10 +44,9 @@ from shared.tpu.nodepools import (
     STATUS_STOPPING,
     ClusterInfo,
     NodePoolInfo,
-    NodePoolSpec,
 )
 from shared.tpu.pods import Pod
-from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
+from shared.tpu.slices import SliceRequest, slice_request
 
 log = logs.get("provision")
 
@@ -126,8 +125,9 @@ class Provisioner:
         except Refused as exc:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()
+        specs = Specs(self.settings, self.cluster())
         try:
-            spec, shape = build_node_pool(self.settings, request, self.cluster())
+            spec, shape = specs.of(request)
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc)
         refusal = label_problem(spec) or guardrail(self.settings, request, shape.total_chips)
@@ -135,7 +135,7 @@ class Provisioner:
             return self._refuse(pod, refusal, slice_desc, spec.name)
 
         if pools is not None:  # the caller's listing decides (reconcile); no instance memory involved
-            return self._request(pod, request, spec, shape, slice_desc, pools)
+            return self._request(pod, request, specs, slice_desc, pools)
         # One decision at a time per replicated job in this instance: the first event requests the
         # whole group, the others then find their pool remembered instead of racing to a 409.
         with self.known_pools.single_flight(group_of(request.slice_id)):
@@ -143,18 +143,18 @@ class Provisioner:
                 why = f"pool {spec.name} was seen to exist less than {self.known_pools.ttl:.0f}s ago"
                 return logged(Outcome(EXISTS, why, spec.name, slice_desc))
             pools = self.gke.list_node_pools(self.settings.cluster_path)
-            return self._request(pod, request, spec, shape, slice_desc, pools)
+            return self._request(pod, request, specs, slice_desc, pools)
 
     def _request(
         self,
         pod: Pod,
         request: SliceRequest,
-        spec: NodePoolSpec,
-        shape: catalog.SliceShape,
+        specs: Specs,
         slice_desc: str,
         pools: list[NodePoolInfo],
     ) -> Outcome:
         """Create the slice's pool and its siblings unless listed, within the chip budget."""
+        spec, shape = specs.of(request)  # the pod's own choice, built by the caller
         budget = Budget(self.settings.request_deadline_seconds, clock=self._clock)
         pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
         existing = next((p for p in pools if p.name == spec.name), None)
@@ -207,9 +207,7 @@ class Provisioner:
             attempts = Attempts(self.fallback.options(request, jobset), failures)
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc, spec.name)
-        option = attempts.option(spec.name)
-        if capacity.key_of_spec(spec) != option.key:  # built on the pod's own choice: rebuild
-            spec, _ = build_node_pool(self.settings, request, self.cluster(), option)
+        spec, _ = specs.of(request, attempts.option(spec.name))  # the own spec again when it is that option
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
@@ -225,7 +223,7 @@ class Provisioner:
             name = sibling.pool_name
             if name in listed or name in held or self.known_pools.known(name):
                 continue
-            sibling_spec, _ = build_node_pool(self.settings, sibling, self.cluster(), attempts.option(name))
+            sibling_spec, _ = specs.of(sibling, attempts.option(name))
             wanted.append(Create.of(sibling, sibling_spec, shape))
         try:
             outcomes = self._create_all(Group(pod, request, jobset, wanted, shape, pools, budget))
