@@ -30,7 +30,7 @@ from shared.core.names import label_value_problem
 from shared.core.settings import Settings
 from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
-from shared.tpu.jobsets import expand_pods, pod_jobset_value, terminal_condition
+from shared.tpu.jobsets import expand_pods, is_suspended, pod_jobset_value, terminal_condition
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
 from shared.tpu.pods import FINISHED_PHASES
 from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options, slice_request
@@ -326,7 +326,7 @@ def demand(
     found: list[Demand] = []
     seen: set[str] = set()
     for jobset in jobsets:
-        if not (is_live(jobset) and (jobset.get("spec") or {}).get("suspend")):
+        if not (is_live(jobset) and is_suspended(jobset)):
             continue
         try:
             policy = policy_of(settings, jobset)

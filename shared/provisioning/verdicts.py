@@ -14,7 +14,7 @@ from shared.core import labels
 from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning.occupancy import Verdict
-from shared.tpu.jobsets import condition, terminal_condition
+from shared.tpu.jobsets import condition, is_suspended, terminal_condition
 from shared.tpu.nodepools import NodePoolInfo
 
 
@@ -50,7 +50,7 @@ def judge(
                 f"JobSet {owner} completed {waited:.0f}s ago; grace is {settings.release_grace_seconds}s",
             )
         return Verdict(True, f"JobSet {owner} completed")
-    if (jobset.get("spec") or {}).get("suspend"):
+    if is_suspended(jobset):
         checking = admission_check(jobset, settings, now)
         if checking:
             return Verdict(False, f"JobSet {owner} is suspended: {checking}")

@@ -124,6 +124,11 @@ def terminal_condition(jobset: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def is_suspended(jobset: Mapping[str, Any]) -> bool:
+    """``spec.suspend`` is set: the JobSet (e.g. one Kueue has not admitted) runs no pods for now."""
+    return bool((jobset.get("spec") or {}).get("suspend"))
+
+
 def jobset_ref(jobset: Mapping[str, Any] | None, claimed: SliceId | None = None) -> dict[str, Any]:
     """A JobSet as an Event's involved object: as read, else as a pod claims it (``claimed``)."""
     read = Meta.of(jobset)
@@ -167,7 +172,7 @@ def jobset_problem(jobset: dict[str, Any], claimed: SliceId) -> str:
     ended = terminal_condition(jobset)
     if ended:
         return f"JobSet {name} is already {ended.get('type')}"
-    if (jobset.get("spec") or {}).get("suspend"):
+    if is_suspended(jobset):
         return f"JobSet {name} is suspended"
     if replicated_job(jobset, claimed.replicated_job) is None:
         return f"JobSet {name} has no replicated job {claimed.replicated_job!r}"
