@@ -162,6 +162,18 @@ def function(serve: FunctionFactory) -> Iterator[LoggedFunction]:
         yield served
 
 
+@pytest.fixture
+def unserved(rig: ReleaseCluster, serve: FunctionFactory) -> KubeHandle:
+    """Both releases installed by the function (unless a test before left them so), webhooks not
+    served."""
+
+    def install() -> None:
+        with serve() as function:
+            assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
+
+    return rig.installed_unserved(install)
+
+
 def _deployment_version(handle: KubeHandle, namespace: str, name: str) -> str:
     obj = handle.get("apps/v1", "deployments", namespace, name)
     assert obj is not None
@@ -230,13 +242,11 @@ def test_cluster_creation_audit_entry_bootstraps_another_cluster(
 
 @pytest.mark.integration
 def test_webhook_that_stays_down_answers_503_for_redelivery(
-    fresh: KubeHandle, serve: FunctionFactory
+    unserved: KubeHandle, serve: FunctionFactory
 ) -> None:
     # Kueue's release is installed but nothing serves its webhooks: the next write of the JobSet
     # Deployment fails at Kueue's Deployment webhook, as on a cluster whose Kueue is down.
-    with serve() as function:
-        assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
-    fresh.clear_requests()
+    fresh = unserved
     with serve(timeout=10, webhook_retry=2) as function:
         response = function.post(json.dumps({"cluster": MANAGED}).encode(), message_id="1002")
         assert response.status_code == 503
@@ -248,11 +258,9 @@ def test_webhook_that_stays_down_answers_503_for_redelivery(
 
 @pytest.mark.integration
 def test_webhook_that_recovers_is_retried_within_the_delivery(
-    rig: ReleaseCluster, fresh: KubeHandle, serve: FunctionFactory
+    rig: ReleaseCluster, unserved: KubeHandle, serve: FunctionFactory
 ) -> None:
-    with serve() as function:
-        assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
-    fresh.clear_requests()
+    fresh = unserved
     with serve(timeout=170, webhook_retry=160) as function, concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(function.post, json.dumps({"cluster": MANAGED}).encode(), message_id="1002")
         # The first write of the JobSet Deployment was refused; then Kueue's controller comes up.

@@ -166,7 +166,7 @@ def test_a_controller_that_never_becomes_available_asks_for_redelivery(
 ) -> None:
     rig.set_schedulable(False)  # every Node cordoned: the controller pods stay Pending
     try:
-        installer = _installer(objects, Bounds(total=8.0, webhook_retry=5.0, poll=0.1))
+        installer = _installer(objects, Bounds(total=10.0, webhook_retry=5.0, poll=0.1))
         with pytest.raises(
             TransientError, match=r"waiting for Deployment jobset-system/jobset-controller-manager"
         ):
@@ -213,13 +213,18 @@ def test_an_unrecognisable_version_is_left_alone(fresh: KubeHandle, objects: Api
     assert _image(fresh, JOBSET_DEPLOYMENT) == "example.com/jobset:main"
 
 
+@pytest.fixture
+def unserved(rig: ReleaseCluster, objects: ApiClientObjects) -> KubeHandle:
+    """Both releases applied, their webhooks not served."""
+    return rig.installed_unserved(_installer(objects).install)
+
+
 def test_a_webhook_nobody_serves_ends_in_a_transient_error_after_retries(
-    fresh: KubeHandle, objects: ApiClientObjects
+    unserved: KubeHandle, objects: ApiClientObjects
 ) -> None:
     # Kueue's release is applied but its controller is not serving (here: no network to reach it),
     # so the next write of the JobSet Deployment fails at Kueue's Deployment webhook.
-    _installer(objects).install()
-    fresh.clear_requests()
+    fresh = unserved
     installer = _installer(objects, Bounds(total=10.0, webhook_retry=1.5, poll=0.05))
     with pytest.raises(TransientError, match="gave up after") as caught:
         installer.install()
@@ -394,12 +399,11 @@ def _repointed(handle: KubeHandle) -> set[str]:
 
 
 def test_a_webhook_that_comes_back_is_retried_within_the_run(
-    rig: ReleaseCluster, fresh: KubeHandle, objects: ApiClientObjects
+    rig: ReleaseCluster, unserved: KubeHandle, objects: ApiClientObjects
 ) -> None:
     # As above, Kueue's webhook is not serving when the re-run starts; then its controller comes
     # up and the wiring repoints the webhook at it: the run retries through and completes.
-    _installer(objects).install()
-    fresh.clear_requests()
+    fresh = unserved
     rerun = _installer(objects, Bounds(total=170.0, webhook_retry=160.0, poll=0.2))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(rerun.install)
