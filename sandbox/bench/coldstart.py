@@ -110,7 +110,7 @@ def measure(
         for index, (probe, result) in enumerate(zip(probes, results, strict=True)):
             (headers, body), check = _prepare(env, probe, f"{round_no}-{index}")
             before = env.counters()
-            with launched(probe.target, env.function_env(), log_dir) as fn:
+            with launched(probe.target, env.function_env(probe.target), log_dir) as fn:
                 seconds = first_2xx(fn, headers, body)
             problem = check(env.counters() - before)
             if problem:

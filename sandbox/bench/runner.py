@@ -1,8 +1,8 @@
 """``tpuprov bench``: cold start, warm per-event overhead, storm economy and memory, in one run.
 
-Starts the GKE emulator and the Kubernetes API in-process, runs each part against them, and
-returns one JSON-safe report whose ``targets`` say which published figure holds. Rendering and
-writing live in ``sandbox.bench.report``.
+Starts the GKE emulator in-process and a real kube-apiserver (etcd + API server), runs each part
+against them, and returns one JSON-safe report whose ``targets`` say which published figure holds.
+Rendering and writing live in ``sandbox.bench.report``.
 """
 
 from __future__ import annotations
@@ -252,6 +252,7 @@ def cluster_dict(sweep: bench_cluster.ClusterResult) -> dict[str, Any]:
     out = asdict(sweep)
     out["setup_seconds"] = round(sweep.setup_seconds, 3)
     out["sweep_seconds"] = round(sweep.sweep_seconds, 3)
+    out["page_seconds"] = round(sweep.page_seconds, 4)
     return out
 
 

@@ -148,7 +148,7 @@ def run(
     )
     deliveries, duplicates = storm_deliveries(pods, shape.repeats, shape.duplicate_fraction, rng)
     ignored = bench_env.binary_delivery(bench_env.ignored_entry())
-    with launched("provision", env.function_env(), log_dir) as fn:
+    with launched("provision", env.function_env("provision"), log_dir) as fn:
         first_2xx(fn, *ignored)  # up and warm before the clock starts (cold start is measured apart)
         before = env.counters()
         with _CreateWatch(env, shape.slices, before.gke_creates) as watch:
@@ -162,7 +162,7 @@ def run(
     env.gke.finish_operations()
     env.complete(jobset)
     completion = bench_env.binary_delivery(bench_env.completion_entry(jobset))
-    with launched("release", env.function_env(), log_dir) as fn:
+    with launched("release", env.function_env("release"), log_dir) as fn:
         first_2xx(fn, *ignored)
         before = env.counters()
         release_deliveries = [completion, completion]  # Pub/Sub delivers at least once

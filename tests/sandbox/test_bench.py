@@ -157,7 +157,7 @@ def test_fanout_part_sends_every_create_once_within_the_concurrency(env):
 @pytest.mark.integration
 def test_cluster_part_sweeps_a_preloaded_cluster_with_paged_selective_lists(env, tmp_path):
     shape = bench_cluster.ClusterShape(
-        nodes=30, pods=400, jobsets=12, tpu_jobsets=5, pending_pods=6, page_latency=0.0, page_size=10
+        nodes=30, pods=400, jobsets=12, tpu_jobsets=5, pending_pods=6, page_size=10
     )
     result = bench_cluster.run(env, shape, tmp_path)
     assert result.objects == 30 + 12 + 400
