@@ -5,9 +5,7 @@ runs; the emulators do the same with this table. The grants are read from ``infr
 Terraform gives each function) and never from the product's own declarations, so a call the
 product makes without its role holding the permission gets the real 403 here.
 
-The Kubernetes side follows GKE's IAM authorizer: a request is the permission
-``container.<resource>.<verb>`` (get/list for reads of one object/a collection, create for POST,
-update for PUT and PATCH, delete for DELETE; every custom resource is ``thirdPartyObjects``).
+The Kubernetes side is the real API server's RBAC (``sandbox.kube.rbac`` translates the same roles).
 """
 
 from __future__ import annotations
@@ -28,42 +26,6 @@ SHORT_NAMES = {
 }
 # setup_cluster holds roles/container.admin (infra/iam.tf): every container.* permission.
 BROAD_ROLES = {"setup_cluster": ("container.*",)}
-
-# Kubernetes resources whose IAM name is not simply the plural (camelCase in IAM).
-_K8S_RESOURCE_NAMES = {"priorityclasses": "priorityClasses"}
-# API groups served by the API server itself; a resource of any other group is a custom resource.
-_BUILTIN_GROUPS = {
-    "",
-    "apps",
-    "batch",
-    "scheduling.k8s.io",
-    "rbac.authorization.k8s.io",
-    "apiextensions.k8s.io",
-    "admissionregistration.k8s.io",
-    "apiregistration.k8s.io",
-    "coordination.k8s.io",
-    "policy",
-    "events.k8s.io",
-}
-_K8S_VERBS = {
-    "get": "get",
-    "list": "list",
-    "watch": "list",
-    "create": "create",
-    "update": "update",
-    "patch": "update",
-    "delete": "delete",
-    "deletecollection": "delete",
-}
-
-
-def k8s_permission(verb: str, group: str, resource: str) -> str:
-    """The IAM permission GKE's authorizer checks for a Kubernetes request."""
-    if group not in _BUILTIN_GROUPS:
-        name = "thirdPartyObjects"
-    else:
-        name = _K8S_RESOURCE_NAMES.get(resource, resource)
-    return f"container.{name}.{_K8S_VERBS.get(verb, verb)}"
 
 
 def load_roles(repo_root: Path) -> dict[str, tuple[str, ...]]:
@@ -152,25 +114,11 @@ def gke_denial(permission: str, resource: str) -> str:
     return f'Required "{permission}" permission(s) for "{resource}".'
 
 
-def kube_denial(
-    principal: str, verb: str, group: str, resource: str, name: str, namespace: str, permission: str
-) -> str:
-    """The Kubernetes Forbidden message as GKE's IAM authorizer completes it."""
-    subject = f'{resource} "{name}"' if name else resource
-    scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-    return (
-        f'{subject} is forbidden: User "{principal or "system:anonymous"}" cannot {verb} resource '
-        f'"{resource}" in API group "{group}" {scope}: requires one of ["{permission}"] permission(s).'
-    )
-
-
 __all__ = [
     "BROAD_ROLES",
     "SHORT_NAMES",
     "UNAUTHENTICATED",
     "Iam",
     "gke_denial",
-    "k8s_permission",
-    "kube_denial",
     "load_roles",
 ]
