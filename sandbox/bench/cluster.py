@@ -36,14 +36,14 @@ from shared.tpu.slices import build_node_pool, slice_request
 class ClusterShape:
     """How big the cluster is and how many items a list page holds.
 
-    Every object is written through the real API server (about two requests each), so the default
-    is a fifth of the 50,000-pod cluster the stand-in API was loaded with: that load took well over
-    two minutes on the 2-core bench machine."""
+    Every object is written through the real API server (about two requests each; about 65 objects
+    a second on the shared 2-core bench machine), so the default is a tenth of the 50,000-pod
+    cluster the stand-in API was loaded with, which would take over ten minutes to load."""
 
-    nodes: int = 1000
-    pods: int = 10_000
-    jobsets: int = 200
-    tpu_jobsets: int = 60  # each owns one managed pool
+    nodes: int = 500
+    pods: int = 5000
+    jobsets: int = 100
+    tpu_jobsets: int = 30  # each owns one managed pool
     pending_pods: int = 100
     page_size: int = 500  # KUBE_LIST_PAGE_SIZE
 

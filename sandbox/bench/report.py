@@ -258,9 +258,9 @@ def _scale_lines(report: dict[str, Any]) -> list[str]:
         f"**Reconcile at cluster scale**: {cs['nodes']} nodes, {cs['pods']} pods, {cs['jobsets']} JobSets, "
         f"{cs['tpu_jobsets']} managed pools ({cs['pending_pods']} pods pending), on a real kube-apiserver "
         f"(one page of {cs['page_size']} pods served in {c['page_seconds'] * 1000:.0f} ms, median); one "
-        "sweep in a reconcile function process (after a warm-up sweep). The cluster is a fifth of the "
+        "sweep in a reconcile function process (after a warm-up sweep). The cluster is a tenth of the "
         "50,000 pods the stand-in API held: every object now goes through the API server, and a load "
-        "that size took over two minutes here.",
+        "that size would take over ten minutes here.",
         "",
         *_table(
             ["figure", "value"],
