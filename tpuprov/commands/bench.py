@@ -26,11 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="storm: FailedScheduling events per pod (R)")
     parser.add_argument("--concurrency", type=int, default=8, help="storm: concurrent deliveries")
     parser.add_argument("--fanout-slices", type=int, default=64, help="fan-out: slices of the wide JobSet")
-    parser.add_argument("--cluster-nodes", type=int, default=5000, help="reconcile at scale: nodes")
-    parser.add_argument("--cluster-pods", type=int, default=50_000, help="reconcile at scale: pods")
-    parser.add_argument("--cluster-jobsets", type=int, default=1000, help="reconcile at scale: JobSets")
+    parser.add_argument("--cluster-nodes", type=int, default=500, help="reconcile at scale: nodes")
+    parser.add_argument("--cluster-pods", type=int, default=5000, help="reconcile at scale: pods")
+    parser.add_argument("--cluster-jobsets", type=int, default=100, help="reconcile at scale: JobSets")
     parser.add_argument(
-        "--cluster-pools", type=int, default=300, help="reconcile at scale: managed pools (<= JobSets)"
+        "--cluster-pools", type=int, default=30, help="reconcile at scale: managed pools (<= JobSets)"
     )
     parser.add_argument("--skip-cold-start", action="store_true", help="skip the (slowest) cold-start part")
     parser.add_argument("--skip-simulation", action="store_true", help="skip the virtual-time waves part")
