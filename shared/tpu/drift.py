@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.tpu import catalog
+from shared.tpu import catalog, slices
 from shared.tpu.nodepools import NodeConfig, NodePoolInfo, NodePoolSpec
 
 # GKE's answers when a create left these unset (NodeConfig reference: the "default" service account,
@@ -137,20 +137,7 @@ def expected_spec(settings: Settings, pool: NodePoolInfo) -> NodePoolSpec:
         node_locations=pool.node_locations,
         labels=dict(pool.labels),
         resource_labels={},
-        service_account=settings.node_service_account,
-        oauth_scopes=settings.oauth_scopes,
-        max_pods_per_node=settings.max_pods_per_node,
-        disk_size_gb=settings.disk_size_gb,
-        disk_type=settings.disk_type or default_disk,
-        boot_disk_kms_key=settings.boot_disk_kms_key,
-        confidential_storage=settings.confidential_storage,
-        secondary_boot_disks=settings.secondary_boot_disk_modes,
-        additional_networks=settings.additional_network_pairs,
-        secure_boot=settings.shielded_secure_boot,
-        integrity_monitoring=settings.shielded_integrity_monitoring,
-        max_surge=settings.upgrade_max_surge,
-        max_unavailable=settings.upgrade_max_unavailable,
-        tags=settings.network_tags,
+        **slices.settings_node_fields(settings, settings.disk_type or default_disk),
     )
 
 

@@ -264,6 +264,27 @@ def slice_options(
     return choices
 
 
+def settings_node_fields(settings: Settings, disk_type: str) -> dict[str, Any]:
+    """The node config every pool takes from the settings (a pool's spec and the drift report's
+    expectation both build from this, so a new node setting cannot be missed by one of them)."""
+    return {
+        "service_account": settings.node_service_account,
+        "oauth_scopes": settings.oauth_scopes,
+        "max_pods_per_node": settings.max_pods_per_node,
+        "disk_size_gb": settings.disk_size_gb,
+        "disk_type": disk_type,
+        "boot_disk_kms_key": settings.boot_disk_kms_key,
+        "confidential_storage": settings.confidential_storage,
+        "secondary_boot_disks": settings.secondary_boot_disk_modes,
+        "additional_networks": settings.additional_network_pairs,
+        "secure_boot": settings.shielded_secure_boot,
+        "integrity_monitoring": settings.shielded_integrity_monitoring,
+        "max_surge": settings.upgrade_max_surge,
+        "max_unavailable": settings.upgrade_max_unavailable,
+        "tags": settings.network_tags,
+    }
+
+
 def boot_disk(settings: Settings, shape: catalog.SliceShape) -> str:
     """DISK_TYPE, or the machine family's default boot disk; Refused if the family cannot boot from it.
 
@@ -351,20 +372,7 @@ def build_node_pool(
         placement=placement,
         spot=option.kind == capacity.SPOT,
         reservation=option.reservation,
-        service_account=settings.node_service_account,
-        oauth_scopes=settings.oauth_scopes,
-        max_pods_per_node=settings.max_pods_per_node,
-        disk_size_gb=settings.disk_size_gb,
-        disk_type=boot_disk(settings, shape),
-        boot_disk_kms_key=settings.boot_disk_kms_key,
-        confidential_storage=settings.confidential_storage,
-        secondary_boot_disks=settings.secondary_boot_disk_modes,
-        additional_networks=settings.additional_network_pairs,
-        secure_boot=settings.shielded_secure_boot,
-        integrity_monitoring=settings.shielded_integrity_monitoring,
-        max_surge=settings.upgrade_max_surge,
-        max_unavailable=settings.upgrade_max_unavailable,
-        tags=settings.network_tags,
+        **settings_node_fields(settings, boot_disk(settings, shape)),
         auto_upgrade=bool(cluster and cluster.release_channel),
         # GKE's flex-start pools are made with auto-repair off (a repair would recreate VMs that
         # flex-start may not get back); everything else keeps it on.
