@@ -24,7 +24,7 @@ from shared.provisioning.admission import MISSING, CheckVerdict, SliceState, dec
 from shared.provisioning.fallback import Attempts, Fallback
 from shared.provisioning.groups import Create
 from shared.provisioning.guard import MANAGED_NODES
-from shared.provisioning.occupancy import Occupant, Verdict, pool_shape, spec_shape
+from shared.provisioning.occupancy import Occupant, pool_shape, spec_shape
 from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.releaser import Releaser, is_managed, owned_by
 from shared.provisioning.verdicts import judge
@@ -198,15 +198,8 @@ class SlicePools:
 
     def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo) -> None:
         """Delete a failed pool whose backoff is over (occupancy-safe, as reconcile recycles it)."""
-        meta = Meta.of(jobset)
-        key = (meta.namespace, meta.name)
         why = f"GKE could not provision it ({pool.status_message or 'status ERROR'}); its backoff is over"
-        outcome = Releaser(self.settings, self.gke, self.kube).dispose(
-            [(pool, Verdict(True, why))], "admission check", {key: jobset}, [pool]
-        )
-        if outcome.retry:
-            raise TransientError("; ".join(outcome.retry))
-        if outcome.deleted:
+        if Releaser(self.settings, self.gke, self.kube).recycle(jobset, pool, why, "admission check"):
             self.backoff.recycled(jobset, [pool.name])
 
     def create(

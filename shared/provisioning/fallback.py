@@ -20,11 +20,9 @@ from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import NotFoundError, Refused, TransientError
-from shared.core.meta import Meta
+from shared.core.errors import NotFoundError, Refused
 from shared.core.settings import Settings
 from shared.provisioning import backoff
-from shared.provisioning.occupancy import Verdict
 from shared.provisioning.releaser import Releaser
 from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
@@ -117,14 +115,7 @@ class Fallback:
     def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo, failure: backoff.Failure) -> None:
         """Delete a failed pool whose slice falls back to other capacity, under the occupancy rule."""
         why = f"GKE could not provision it on {failure.option}; falling back to {failure.next}"
-        meta = Meta.of(jobset)
-        key = (meta.namespace, meta.name)
-        outcome = Releaser(self.settings, self.gke, self.kube).dispose(
-            [(pool, Verdict(True, why))], "capacity fallback", {key: jobset}, [pool]
-        )
-        if outcome.retry:
-            raise TransientError("; ".join(outcome.retry))
-        if outcome.deleted:
+        if Releaser(self.settings, self.gke, self.kube).recycle(jobset, pool, why, "capacity fallback"):
             self.backoff.recycled(jobset, [pool.name])
             logs.decision(log, "fallback.recycled", f"deleted {pool.name}: {why}", pool=pool.name)
 

@@ -135,6 +135,18 @@ class Releaser:
         ran = occupancy.last_runs(self.kube.list_nodes(MANAGED_NODES), pods, namespace, name, uid)
         return {pool: user for pool, user in ran.items() if pool in others}
 
+    def recycle(self, jobset: dict[str, Any], pool: NodePoolInfo, why: str, trigger: str) -> bool:
+        """Delete one failed pool of ``jobset`` under the occupancy rule (capacity fallback and the
+        admission check recycle a pool GKE could not provision this way); whether it was deleted,
+        TransientError when the delete must be retried."""
+        meta = Meta.of(jobset)
+        outcome = self.dispose(
+            [(pool, Verdict(True, why))], trigger, {(meta.namespace, meta.name): jobset}, [pool]
+        )
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        return bool(outcome.deleted)
+
     def dispose(
         self,
         verdicts: Iterable[tuple[NodePoolInfo, Verdict]],
