@@ -279,7 +279,8 @@ class RealStack:
 
     def setup(self, timeout: float = 300.0) -> None:
         """Publish the manual setup message (``{"cluster": path}``) and wait until setup_cluster has
-        installed JobSet and Kueue and both local controllers serve."""
+        installed JobSet and Kueue, both local controllers serve and a JobSet create reaches their
+        webhooks."""
         assert self.releases is not None
         topic = self.publisher.topic_path(self.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
         data = json.dumps({"cluster": self.cluster_id.path}).encode()
@@ -290,6 +291,9 @@ class RealStack:
             if not self.releases.wait_ready(release, max(1.0, deadline - time.monotonic())):
                 raise TimeoutError(f"{release} not serving after setup: {self.releases.errors}")
         self.wait_for(lambda: self.decisions("setup.component"), deadline - time.monotonic(), "setup")
+        # A JobSet submitted next must reach both releases' webhooks, not a Service nothing serves.
+        releases = self.releases
+        self.wait_for(releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
 
     def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
         """Create a JobSet as the operator (kubectl create)."""

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from sandbox.emulators.sockets import free_ports
+from sandbox.jobsets import cpu_jobset
 from sandbox.kube import addons
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
@@ -75,8 +77,46 @@ class ReleaseWiring:
         self._thread.join(timeout=10)
 
     def wait_ready(self, name: str, timeout: float) -> bool:
-        """Whether release ``name``'s local controller is serving within ``timeout`` seconds."""
-        return self._ready[name].wait(timeout)
+        """Whether, within ``timeout`` seconds, release ``name``'s local controller serves and no
+        webhook or CRD conversion names its Service any more (the controller may be up before the
+        loop's next pass repoints a configuration applied meanwhile)."""
+        deadline = time.monotonic() + timeout
+        if not self._ready[name].wait(timeout):
+            return False
+        namespace = next(a.namespace for a in self.releases if a.name == name)
+        while self.unwired(namespace):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def unwired(self, namespace: str) -> list[str]:
+        """``<kind>/<name>`` of every webhook configuration and CRD still naming a Service of
+        ``namespace`` (what the API server would try to dial and fail)."""
+        found = []
+        for kind in HOOK_KINDS:
+            for config in self.api.list(f"{ADMISSION}/{kind}"):
+                hooks = config.get("webhooks") or []
+                if any(_service_namespace(h.get("clientConfig") or {}) == namespace for h in hooks):
+                    found.append(f"{kind}/{config['metadata']['name']}")
+        for crd in self.api.list(CRDS):
+            webhook = ((crd.get("spec") or {}).get("conversion") or {}).get("webhook") or {}
+            if _service_namespace(webhook.get("clientConfig") or {}) == namespace:
+                found.append(f"customresourcedefinitions/{crd['metadata']['name']}")
+        return found
+
+    def admits_jobsets(self, namespace: str = "default") -> bool:
+        """Whether a JobSet create reaches every webhook now: a server-side dry run (webhooks run,
+        nothing is stored) that the API server did not fail for a webhook it could not call. The
+        repoint is read back by the API server's own watch, a moment after it is written."""
+        probe = cpu_jobset("webhook-probe", namespace)
+        probe["metadata"].pop("uid", None)
+        path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets"
+        try:
+            self.api.request("POST", path, probe, query={"dryRun": "All"})
+        except ApiError as exc:
+            return not (exc.status >= 500 and "failed calling webhook" in exc.message)
+        return True
 
     def _local(self, client_config: Mapping[str, Any]) -> dict[str, Any] | None:
         service = client_config.get("service") or {}
@@ -163,3 +203,7 @@ class ReleaseWiring:
                 self.errors.append(repr(exc))
             # Once both controllers serve, only a re-apply can undo the repoint: look less often.
             interval = 2.0 if all(e.is_set() for e in self._ready.values()) else 0.3
+
+
+def _service_namespace(client_config: Mapping[str, Any]) -> str:
+    return str((client_config.get("service") or {}).get("namespace", ""))
