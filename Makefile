@@ -36,9 +36,12 @@ kube-bins: install
 	$(BIN)/python -m sandbox.kube.build
 
 # The README's test command: lint (with the import contracts), types, then the whole pytest suite
-# (tests/sandbox/real starts the real control plane, so its binaries are built first).
+# (tests/sandbox/real starts the real control plane, so its binaries are built first). Two workers,
+# a test file each at a time (its module-scoped control plane stays in one worker): the real-stack
+# tests mostly wait on real components, so two halve the wall time on the 2-core machines.
+PYTEST_WORKERS ?= 2
 test: lint typecheck $(CHECKOV) kube-bins
-	CHECKOV_BIN=$(CURDIR)/$(CHECKOV) $(BIN)/pytest
+	CHECKOV_BIN=$(CURDIR)/$(CHECKOV) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 unit: install
 	$(BIN)/pytest -m "not integration"

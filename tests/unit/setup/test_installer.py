@@ -171,9 +171,10 @@ def test_a_controller_that_never_becomes_available_asks_for_redelivery(
             TransientError, match=r"waiting for Deployment jobset-system/jobset-controller-manager"
         ):
             installer.install()
+        # Read before the Nodes are uncordoned: the pods bind and the Deployment turns Available then.
+        assert not _available(fresh, JOBSET_DEPLOYMENT)
     finally:
         rig.set_schedulable(True)
-    assert not _available(fresh, JOBSET_DEPLOYMENT)
 
 
 def test_a_newer_installed_version_is_left_alone(fresh: KubeHandle, objects: ApiClientObjects) -> None:
