@@ -331,7 +331,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         f"**Storm economy**: one JobSet of {shape['slices']} slices x {shape['hosts']} hosts, "
         f"{shape['repeats']} FailedScheduling events per pod, {s['duplicates']} duplicates, shuffled: "
-        f"{s['events']} deliveries to {s['delivery']}; then the JobSet's completion event "
+        f"{s['events']} deliveries to {s['delivery']}, sent once every pod is over 2 s old (a "
+        "pending pod's events repeat for minutes); then the JobSet's completion event "
         f"(delivered {s['release_events']} times) to one release process.",
         "",
         *_table(
