@@ -8,7 +8,6 @@ completion event reaches the release function, exactly S deletes and no pool lef
 
 from __future__ import annotations
 
-import datetime
 import random
 import threading
 import time
@@ -22,6 +21,7 @@ from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.procs import DeliveryError, PeakRss, first_2xx, launched, peak_rss, post
 from sandbox.jobsets import tpu_jobset
+from shared.tpu.pods import Pod
 
 Delivery = tuple[dict[str, str], bytes]
 # v6e slices of ct6e-standard-4t VMs (4 chips each): hosts -> the topology GKE accepts for them.
@@ -140,11 +140,8 @@ def _until_older_than_memory_rule(pods: Sequence[dict[str, Any]]) -> None:
     pod again and again for minutes, while provision answers from its memory of a pool only for a
     pod created over a second before it saw the pool (creation times have whole seconds): a storm
     squeezed into its pods' first second would measure that rule instead of the storm."""
-    newest = max(
-        datetime.datetime.fromisoformat(str(p["metadata"]["creationTimestamp"]).replace("Z", "+00:00"))
-        for p in pods
-    )
-    wait = newest.timestamp() + 2.0 - time.time()
+    newest = max(Pod.parse(p).created_at or 0.0 for p in pods)  # what provision compares against
+    wait = newest + 2.0 - time.time()
     if wait > 0:
         time.sleep(wait)
 

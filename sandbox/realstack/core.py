@@ -292,8 +292,7 @@ class RealStack:
                 raise TimeoutError(f"{release} not serving after setup: {self.releases.errors}")
         self.wait_for(lambda: self.decisions("setup.component"), deadline - time.monotonic(), "setup")
         # A JobSet submitted next must reach both releases' webhooks, not a Service nothing serves.
-        releases = self.releases
-        self.wait_for(releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
+        self.wait_for(self.releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
 
     def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
         """Create a JobSet as the operator (kubectl create)."""
