@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install lint typecheck test unit demo demo-basic sandbox-up kube-bins bench lock clean
+.PHONY: install lint typecheck test unit demo demo-basic sandbox-up kube-bins test-matrix test-stress bench lock clean
 
 $(STAMP): pyproject.toml
 	$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "python >= 3.11 required"'
@@ -58,6 +58,27 @@ demo-basic: install kube-bins
 # The same stack kept up until Ctrl-C; prints the exports and the prefix kubectl needs.
 sandbox-up: install kube-bins
 	$(BIN)/tpuprov sandbox up
+
+# The product on every supported JobSet x Kueue pair and the upgrade of an older cluster, on the real
+# components (docs/sandbox.md "Version matrix"): the other versions' controllers and manifests are built
+# first into sandbox/kube/bin/versions (once, then only when their pins change; one compile job and one
+# thread: `make test` may run beside it), then each test file in one process. Not part of `make test`.
+test-matrix: install kube-bins
+	GOMAXPROCS=1 $(BIN)/python -m sandbox.kube.build --all-versions
+	TPUPROV_VERSION_MATRIX=1 $(BIN)/pytest tests/sandbox/real/test_version_matrix.py
+	TPUPROV_VERSION_MATRIX=1 $(BIN)/pytest tests/sandbox/real/test_addon_upgrade.py
+
+# The real-stack tests under CPU starvation, repeated (docs/sandbox.md "Stress"): the whole run, both
+# workers and every component they start (etcd, API server, controllers, Kueue, JobSet, the functions),
+# pinned to one core, STRESS_RUNS times; the slowest tests are listed at the end of each run.
+# Not part of `make test`.
+STRESS_RUNS ?= 2
+test-stress: install kube-bins
+	for run in $$(seq $(STRESS_RUNS)); do \
+	  echo "== stress run $$run of $(STRESS_RUNS): tests/sandbox/real on one core"; \
+	  taskset -c 0 $(BIN)/pytest -p no:cacheprovider -n 2 --dist loadfile --durations=15 tests/sandbox/real \
+	    || exit 1; \
+	done
 
 bench: install
 	$(BIN)/tpuprov bench

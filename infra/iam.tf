@@ -7,8 +7,39 @@ locals {
   # such as JobSets and Kueue's kinds as thirdPartyObjects), so no in-cluster RBAC binding is needed.
   custom_role_permissions = jsondecode(file("${path.module}/roles.json"))
 
-  # Functions that create node pools run them as var.node_service_account, which needs actAs.
-  node_pool_creators = var.node_service_account == "" ? [] : ["provision", "reconcile"]
+  # The service account the TPU nodes run as: the operator's, or the dedicated one below. Never
+  # empty: an empty NODE_SERVICE_ACCOUNT would give the nodes Compute Engine's default account
+  # (often an Editor of the project).
+  node_service_account = var.node_service_account != "" ? var.node_service_account : google_service_account.nodes[0].email
+
+  # Functions that create node pools run them as the node service account, which needs actAs.
+  node_pool_creators = ["provision", "reconcile"]
+
+  managed_cluster = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
+}
+
+# The conditions that keep each grant on the managed cluster (modules/cluster_condition says how far
+# an IAM Condition reaches). What one cannot scope, and why:
+# * permissions checked on the project, not on a cluster: container.clusters.list and
+#   container.clusters.create (GKE "API permissions" reference), so setup_cluster's admin role
+#   still lists and could create clusters in the project;
+# * the Kubernetes API permissions (container.pods.*, container.thirdPartyObjects.*, ...), which
+#   GKE's IAM authorizer checks when a request reaches a cluster's API server: IAM's list of
+#   resource attributes documents no resource type for them, and the condition lets through
+#   whatever is not a Cluster-typed resource, so they may hold on every cluster of the project as
+#   before. What does stay on the managed cluster is the GKE API: it checks container.clusters.get
+#   (describing a cluster, listing its node pools) and container.clusters.update (creating and
+#   deleting node pools) on the requested cluster (GKE "API permissions" reference);
+# * Compute Engine's compute.resourcePolicies.* and compute.regionOperations.get (tpu7x workload
+#   policies), checked on regional Compute resources, not on a cluster.
+module "managed_cluster_condition" {
+  source   = "./modules/cluster_condition"
+  clusters = [local.managed_cluster]
+}
+
+module "setup_cluster_condition" {
+  source   = "./modules/cluster_condition"
+  clusters = distinct(concat([local.managed_cluster], var.setup_clusters))
 }
 
 resource "google_service_account" "runtime" {
@@ -35,23 +66,56 @@ resource "google_project_iam_member" "function" {
   project = var.project_id
   role    = google_project_iam_custom_role.function[each.key].id
   member  = "serviceAccount:${google_service_account.runtime[each.key].email}"
+
+  condition {
+    title       = "${var.topic_prefix} managed cluster only"
+    description = "GKE cluster permissions of ${each.key} hold on ${var.cluster_name} alone."
+    expression  = module.managed_cluster_condition.expression
+  }
 }
 
 # setup_cluster installs CRDs, cluster-scoped RBAC (which needs the escalate/bind rights) and admission
 # webhooks from the upstream JobSet/Kueue manifests: that is cluster-admin inside the cluster however
-# it is spelled, and a hand-written list would break whenever upstream adds a kind. It may also
-# bootstrap new clusters of the project, so the grant is project-wide. It is confined instead by
-# isolation: its own service account, one instance, fed only by the setup topic.
+# it is spelled, and a hand-written list would break whenever upstream adds a kind. The role can only
+# be granted on the project (IAM's GKE roles list the project as its lowest level), so a condition
+# keeps its cluster permissions on the managed cluster and var.setup_clusters, the clusters the
+# function itself accepts (SETUP_CLUSTERS). It is also confined by isolation: its own service
+# account, one instance, fed only by the setup topic.
 resource "google_project_iam_member" "setup_cluster_admin" {
   project = var.project_id
   role    = "roles/container.admin"
   member  = "serviceAccount:${google_service_account.runtime["setup_cluster"].email}"
+
+  condition {
+    title       = "${var.topic_prefix} setup clusters only"
+    description = "Kubernetes Engine Admin on the managed cluster and setup_clusters alone."
+    expression  = module.setup_cluster_condition.expression
+  }
+}
+
+# The nodes' own identity when the operator names none: only what GKE nodes need (GKE "Configure
+# GKE node service accounts": roles/container.defaultNodeServiceAccount is the minimum role), so a
+# pod that did reach the node's token could do little with it.
+resource "google_service_account" "nodes" {
+  count = var.node_service_account == "" ? 1 : 0
+
+  project      = var.project_id
+  account_id   = "${var.topic_prefix}-nodes"
+  display_name = "tpu-provisioner TPU nodes (${var.topic_prefix})"
+}
+
+resource "google_project_iam_member" "node_roles" {
+  for_each = var.node_service_account == "" ? toset(var.node_service_account_roles) : toset([])
+
+  project = var.project_id
+  role    = each.value
+  member  = "serviceAccount:${google_service_account.nodes[0].email}"
 }
 
 resource "google_service_account_iam_member" "node_service_account_user" {
   for_each = toset(local.node_pool_creators)
 
-  service_account_id = "projects/${var.project_id}/serviceAccounts/${var.node_service_account}"
+  service_account_id = "projects/${var.project_id}/serviceAccounts/${local.node_service_account}"
   role               = "roles/iam.serviceAccountUser"
   member             = "serviceAccount:${google_service_account.runtime[each.key].email}"
 }

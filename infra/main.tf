@@ -83,11 +83,14 @@ locals {
     LOCATION               = var.cluster_location
     CLUSTER_NAME           = var.cluster_name
     NODE_LOCATIONS         = join(",", var.node_locations)
-    NODE_SERVICE_ACCOUNT   = var.node_service_account
+    NODE_SERVICE_ACCOUNT   = local.node_service_account
     NAMESPACE_ALLOWLIST    = join(",", var.namespace_allowlist)
     ALLOWED_ACCELERATORS   = join(",", var.allowed_accelerators)
     MAX_CHIPS_PER_SLICE    = tostring(var.max_chips_per_slice)
     CHIP_BUDGET            = tostring(var.chip_budget)
+    TENANTS                = jsonencode(var.tenants)
+    KUEUE_ONLY             = tostring(var.kueue_only)
+    UNLIMITED_SPENDING     = tostring(var.unlimited_spending)
     DRAIN                  = tostring(var.drain)
     MAX_EVENT_AGE_SECONDS  = tostring(var.max_event_age_seconds)
     RELEASE_GRACE_SECONDS  = tostring(var.release_grace_seconds)
@@ -97,12 +100,29 @@ locals {
     MANIFESTS_DIR          = var.manifests_dir
     JOBSET_VERSION         = var.jobset_version
     KUEUE_VERSION          = var.kueue_version
+    SETUP_CLUSTERS         = join(",", var.setup_clusters)
     CONTROL_PLANE_ENDPOINT = var.control_plane_endpoint
   }
 
   labels = merge(var.labels, { "app" = "tpu-provisioner" })
 
   pubsub_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+
+  # Who publishes to each topic besides its log sinks (whose writer identities modules/sink grants
+  # on that topic alone): the operators on every topic, because the README's runbooks publish to
+  # each by hand (tpuprov publish for the event, setup and Kueue topics, republishing a dead letter
+  # to any source topic, a manual reconcile tick); and Cloud Scheduler on the reconcile topic. Its
+  # service agent publishes the tick; Cloud Scheduler's IAM page notes that whoever may create a
+  # job can make it publish to any topic of the project, so the real gate there is
+  # cloudscheduler.jobs.create, which this deployment grants nobody. No publisher grant is made on
+  # the project.
+  scheduler_service_agent = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-cloudscheduler.iam.gserviceaccount.com"
+  topic_publishers = {
+    for name, fn in local.functions : name => merge(
+      { for member in toset(var.operators) : member => member },
+      { for key, member in { "cloud-scheduler" = local.scheduler_service_agent } : key => member if name == "reconcile" },
+    )
+  }
 }
 
 data "google_project" "this" {
@@ -137,6 +157,7 @@ module "pubsub" {
   dead_letter_retention = var.dead_letter_retention
   kms_key_name          = var.pubsub_kms_key_name
   pubsub_service_agent  = local.pubsub_service_agent
+  publishers            = local.topic_publishers[each.key]
   labels                = local.labels
 
   depends_on = [google_project_service.apis]

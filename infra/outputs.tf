@@ -33,6 +33,11 @@ output "runtime_service_accounts" {
   value       = { for name, sa in google_service_account.runtime : name => sa.email }
 }
 
+output "node_service_account" {
+  description = "Service account the TPU nodes run as (var.node_service_account, or the dedicated <prefix>-nodes account)."
+  value       = local.node_service_account
+}
+
 output "sink_writer_identities" {
   description = "Writer identity of each log sink (holds roles/pubsub.publisher on its own topic only)."
   value       = { for name, sink in module.sink : name => sink.writer_identity }

@@ -69,8 +69,19 @@ variable "node_locations" {
 
 variable "node_service_account" {
   type        = string
-  description = "Service account email the TPU nodes run as (NODE_SERVICE_ACCOUNT); empty means the GKE default."
+  description = "Service account email the TPU nodes run as (NODE_SERVICE_ACCOUNT); empty: a dedicated <topic_prefix>-nodes account is created with node_service_account_roles (never Compute Engine's default account)."
   default     = ""
+}
+
+variable "node_service_account_roles" {
+  type        = list(string)
+  description = "Project roles of the dedicated node service account (only when node_service_account is empty). GKE's minimum for nodes is roles/container.defaultNodeServiceAccount; add e.g. roles/artifactregistry.reader when workloads pull private images."
+  default     = ["roles/container.defaultNodeServiceAccount"]
+
+  validation {
+    condition     = alltrue([for role in var.node_service_account_roles : !contains(["owner", "editor", "viewer"], trimprefix(role, "roles/"))])
+    error_message = "The node service account is what a compromised node holds: give it no basic role (owner, editor, viewer)."
+  }
 }
 
 variable "namespace_allowlist" {
@@ -93,8 +104,61 @@ variable "max_chips_per_slice" {
 
 variable "chip_budget" {
   type        = number
-  description = "Total chips over all managed pools (CHIP_BUDGET); 0 means unlimited."
+  description = "Total chips over all managed pools (CHIP_BUDGET); 0 = no total cap, and then tenants, kueue_only or unlimited_spending must state the spending."
   default     = 0
+
+  validation {
+    condition     = var.chip_budget >= 0 && floor(var.chip_budget) == var.chip_budget
+    error_message = "chip_budget is a whole number of chips, 0 or more."
+  }
+}
+
+variable "tenants" {
+  type = map(object({
+    chips        = optional(number)
+    reservations = optional(list(string))
+  }))
+  description = "Who may spend what (TENANTS, passed as JSON): keys are a namespace, \"label:KEY=VALUE\" (namespaces with that label) or \"*\" (every other namespace); chips caps the tenant's chips, reservations lists the reservations (NAME or projects/P/reservations/NAME) it may consume. An omitted field states no limit for it."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for key in keys(var.tenants) : can(regex("^([*]|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?|label:[^=]+=.*)$", key))])
+    error_message = "A tenants key is a namespace (DNS-1123 label), \"*\" or \"label:KEY=VALUE\"."
+  }
+
+  validation {
+    condition     = alltrue([for tenant in values(var.tenants) : tenant.chips == null ? true : tenant.chips >= 0 && floor(tenant.chips) == tenant.chips])
+    error_message = "A tenant's chips is a whole number, 0 or more."
+  }
+
+  validation {
+    condition = alltrue(flatten([
+      for tenant in values(var.tenants) : [
+        for reservation in(tenant.reservations == null ? [] : tenant.reservations) :
+        can(regex("^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$", reservation))
+      ]
+    ]))
+    error_message = "A tenant's reservations are reservation names, or projects/PROJECT/reservations/NAME for a shared one."
+  }
+}
+
+variable "kueue_only" {
+  type        = bool
+  description = "Make pools only for Workloads Kueue admitted, so Kueue's ClusterQueue quotas are the spending limit (KUEUE_ONLY)."
+  default     = false
+}
+
+variable "unlimited_spending" {
+  type        = bool
+  description = "State on purpose that this deployment's TPU spending has no limit (UNLIMITED_SPENDING). Without it, chip_budget, tenants or kueue_only must say how much may be spent."
+  default     = false
+
+  # Every TPU chip the functions create is billed to the project: a deployment must say how much
+  # may be spent (a validation naming other variables needs Terraform >= 1.9, infra/versions.tf).
+  validation {
+    condition     = var.chip_budget > 0 || length(var.tenants) > 0 || var.kueue_only || var.unlimited_spending
+    error_message = "State the spending limit: set chip_budget > 0, a tenants map, kueue_only = true, or (on purpose) unlimited_spending = true."
+  }
 }
 
 variable "drain" {
@@ -145,6 +209,17 @@ variable "kueue_version" {
   default     = "v0.19.2"
 }
 
+variable "setup_clusters" {
+  type        = list(string)
+  description = "Clusters of this project besides cluster_name that setup_cluster may install JobSet and Kueue on (SETUP_CLUSTERS), as projects/PROJECT/locations/LOCATION/clusters/NAME; its Kubernetes Engine Admin grant is limited to them and the managed cluster."
+  default     = []
+
+  validation {
+    condition     = alltrue([for cluster in var.setup_clusters : can(regex("^projects/${var.project_id}/locations/[^/]+/clusters/[^/]+$", cluster))])
+    error_message = "setup_clusters are cluster paths projects/PROJECT/locations/LOCATION/clusters/NAME in project_id: the setup function's grant is made in this project only."
+  }
+}
+
 variable "manifests_dir" {
   type        = string
   description = "Directory in the image holding jobset-<version>.yaml and kueue-<version>.yaml (MANIFESTS_DIR)."
@@ -153,12 +228,12 @@ variable "manifests_dir" {
 
 variable "extra_env" {
   type        = map(string)
-  description = "Any other setting of the README's \"Settings\" table by its env name, e.g. { CREATE_CONCURRENCY = \"4\", IDLE_POOL_SECONDS = \"300\" }; every service gets it. A name a dedicated variable above sets is refused at plan time."
+  description = "Any other setting of the table in docs/settings.md by its env name, e.g. { CREATE_CONCURRENCY = \"4\", IDLE_POOL_SECONDS = \"300\" }; every service gets it. A name a dedicated variable above sets is refused at plan time."
   default     = {}
 
   validation {
     condition     = alltrue([for name in keys(var.extra_env) : can(regex("^[A-Z][A-Z0-9_]*$", name))])
-    error_message = "extra_env keys are settings' env names: upper-case letters, digits and underscores (see the README's Settings table)."
+    error_message = "extra_env keys are settings' env names: upper-case letters, digits and underscores (see the table in docs/settings.md)."
   }
 
   # Cloud Run's container contract reserves PORT and the K_* names; the module sets the FUNCTION_* ones.
@@ -168,7 +243,20 @@ variable "extra_env" {
   }
 }
 
-# --- Reaching the cluster (README "Reaching the cluster") ---------------------------------------
+# --- Who may publish ------------------------------------------------------------------------------
+
+variable "operators" {
+  type        = list(string)
+  description = "IAM members (group:tpu-ops@example.com, user:..., serviceAccount:...) who may publish to every topic of the deployment by hand: tpuprov publish, and republishing dead letters."
+  default     = []
+
+  validation {
+    condition     = alltrue([for member in var.operators : can(regex("^(user|group|serviceAccount|domain|principal|principalSet):[^ ]+$", member))])
+    error_message = "operators are IAM members of a named principal: user:, group:, serviceAccount:, domain:, principal: or principalSet:."
+  }
+}
+
+# --- Reaching the cluster (docs/deploy.md "Reaching the cluster") --------------------------------
 
 variable "control_plane_endpoint" {
   type        = string

@@ -1,5 +1,6 @@
 terraform {
-  required_version = ">= 1.5"
+  # 1.9: variable validations that name other variables (the spending statement, setup_clusters).
+  required_version = ">= 1.9"
 
   required_providers {
     # Exactly one release, so every deploy plans with the same provider code; the modules accept

@@ -82,11 +82,15 @@ def world(gke_emulator: Any, kube_server: Any) -> Iterator[World]:
     """Functions configured against the GKE emulator and the real API server (each delivery as
     its function's identity); runtime reset afterwards."""
     settings = Settings(
+        unlimited_spending=True,
         project_id=PROJECT,
         location=LOCATION,
         cluster_name=CLUSTER,
         gke_api_endpoint=gke_emulator.url,
         kubeconfig=str(kube_server.kubeconfig_for(DEFAULT_FUNCTION)),
+        # The function tests redeliver one object on purpose to see each decision; coalescing has its
+        # own tests (tests/functions/test_trust_boundary.py).
+        event_coalesce_seconds=0,
     )
     entry.reset_runtime(settings)
     world = World(gke_emulator, kube_server, settings)

@@ -91,6 +91,22 @@ class ClusterView:
         """One pod (raises NotFoundError)."""
         return self.objects.get("v1", "Pod", name, namespace)
 
+    def jobs(self, namespace: str = "") -> list[dict[str, Any]]:
+        """batch/v1 Jobs, in one namespace or all (a pod's place in its JobSet is proven through them)."""
+        return self.objects.list_objects("batch/v1", "Job", namespace)
+
+    def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """A Namespace's labels (TENANTS ``label:`` entries match them); {} when it does not exist."""
+        try:
+            found = self.objects.get("v1", "Namespace", name)
+        except NotFoundError:
+            return {}
+        return {str(k): str(v) for k, v in ((found.get("metadata") or {}).get("labels") or {}).items()}
+
+    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Kueue Workloads, in one namespace or all."""
+        return self.objects.list_objects("kueue.x-k8s.io/v1beta2", "Workload", namespace or "")
+
     def nodes(self) -> list[dict[str, Any]]:
         """Every node of the cluster."""
         return self.objects.list_objects("v1", "Node")

@@ -1,10 +1,10 @@
 """``tpuprov``: the command line (plan, catalog, decode, publish, kueue, status, why, doctor, sandbox, bench).
 
 Each subcommand lives in its own ``tpuprov/commands/*.py`` module exposing ``register(subparsers)``.
-Those modules are light at import time: the sandbox stack, the benchmark and the Google, Kubernetes
-and Pub/Sub clients are imported inside the command that needs them, so ``tpuprov --help`` stays
-fast. The one sandbox module loaded at startup is ``sandbox.emulators.logging.entries`` (stdlib and
-``shared`` only), with which ``tpuprov.publish`` writes its LogEntries as GKE would.
+Those modules are light at import time: the Google, Kubernetes and Pub/Sub clients are imported
+inside the command that needs them, so ``tpuprov --help`` stays fast. ``demo``, ``sandbox`` and
+``bench`` are the sandbox's (``sandbox.cli``), found through the ``tpuprov.commands`` entry points:
+no ``tpuprov`` module imports ``sandbox``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,25 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
 
-from tpuprov.commands import bench, catalog, decode, doctor, kueue, plan, publish, sandbox, status, why
+from tpuprov.commands import catalog, decode, doctor, kueue, plan, publish, status, why
 
 # What a shell reports for a process SIGPIPE ended (`yes | head`): 128 + signal 13.
 EXIT_BROKEN_PIPE = 141
 
-# Order is the order of `tpuprov --help`.
-SUBCOMMANDS = (plan, catalog, decode, publish, kueue, status, why, doctor, sandbox, bench)
+# Order is the order of `tpuprov --help`; the installed plugins' commands follow.
+SUBCOMMANDS: tuple[ModuleType, ...] = (plan, catalog, decode, publish, kueue, status, why, doctor)
+# Subcommands other packages add (the sandbox's demo, sandbox and bench: sandbox.cli): each entry
+# point names a ``register(subparsers)``. The CLI itself never imports the sandbox.
+PLUGIN_GROUP = "tpuprov.commands"
+
+
+def plugins() -> list[Any]:
+    """The ``register`` functions of the installed plugin subcommands, in entry-point name order."""
+    return [ep.load() for ep in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in SUBCOMMANDS:
         command.register(subparsers)
+    for register in plugins():
+        register(subparsers)
     return parser
 
 

@@ -133,6 +133,19 @@ def jobset_problems(doc: dict[str, Any]) -> list[str]:
     return problems
 
 
+def without_nulls(value: Any) -> Any:
+    """``value`` with every null-valued field dropped, as the API server stores it: a CRD's
+    structural schema prunes a null field that is not ``nullable`` before defaulting and
+    validation (Kubernetes "Extend the Kubernetes API with CustomResourceDefinitions", Defaulting
+    and Nullable; JobSet's CRD marks none nullable). xpk writes ``annotations:`` with nothing
+    under it, which is such a null."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
 def _yaml_error(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -162,6 +175,7 @@ def load_jobsets(text: str, source: str) -> list[dict[str, Any]]:
             continue
         if doc.get("kind") != "JobSet":
             continue
+        doc = without_nulls(doc)
         found = jobset_problems(doc)
         name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
         what = f"JobSet {name}" if isinstance(name, str) and name else f"the JobSet of document {number}"

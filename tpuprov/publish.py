@@ -3,7 +3,7 @@
 ``tpuprov publish`` uses this to exercise a deployment -- or the local sandbox, through
 ``PUBSUB_EMULATOR_HOST`` -- without waiting for GKE to produce the event. Each builder returns a
 :class:`Prepared` message that is exactly what production would deliver: the log-based kinds
-carry the LogEntry JSON of ``sandbox.emulators.logging.entries`` (checked by decoding it back with
+carry the LogEntry JSON of ``shared.events.entries`` (checked by decoding it back with
 ``shared.events.envelope``), ``setup`` the ``{"cluster": ...}`` document the setup function accepts and
 ``kueue`` a queue configuration validated with ``shared.kueue.config``. Every check runs before anything
 is published, so a rejected input publishes nothing.
@@ -20,9 +20,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from sandbox.emulators.logging import entries as logentries
 from shared.core import names
 from shared.core.errors import InvalidInputError, PermanentError, Skip, TransientError
+from shared.events import entries as logentries
 from shared.events.envelope import JobSetDeleted, JobSetFinished, PodUnschedulable, decode_log_entry
 from shared.events.fields import ClusterId, cluster_from_labels, validate_uid
 from tpuprov.cluster import require_cluster

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,15 @@ import yaml
 
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.provisioning import occupancy, releaser
+from shared.provisioning.release import occupancy, releaser, verdicts
+from shared.provisioning.tenancy import spending
+from shared.provisioning.tenancy.ownership import chains_of
 from shared.tpu import catalog, drift
-from shared.tpu.jobsets import condition
+from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Job
+from shared.tpu.workloads import WorkloadView, parse_workload
 from tpuprov import output
 
 DEFAULT_PRICES = Path(__file__).parent / "data" / "prices.yaml"
@@ -108,22 +113,9 @@ def _parse_time(value: str) -> datetime.datetime | None:
         return None
 
 
-def owner_state(pool: NodePoolInfo, jobset: Mapping[str, Any] | None) -> str:
-    """How the pool's owner JobSet stands: the question behind every release decision."""
-    if jobset is None:
-        return "gone"
-    meta = jobset.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
-        return "deleting"
-    pool_uid = pool.labels.get(labels.OWNER_UID, "")
-    if pool_uid and meta.get("uid") and pool_uid != meta.get("uid"):
-        return "recreated"
-    for kind, state in (("Failed", "failed"), ("Completed", "completed")):
-        if condition(dict(jobset), kind):
-            return state
-    if (jobset.get("spec") or {}).get("suspend"):
-        return "suspended"
-    return "running"
+def owner_state(pool: NodePoolInfo, jobset: JobSet | None) -> str:
+    """How the pool's owner JobSet stands: release's own answer (``verdicts.owner_state``)."""
+    return verdicts.owner_state(pool, jobset)
 
 
 def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) -> str:
@@ -146,29 +138,51 @@ def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) ->
 
 
 def _demand(
-    jobsets: Sequence[Mapping[str, Any]], pools: Sequence[NodePoolInfo], settings: Settings
+    jobsets: Sequence[JobSet],
+    pools: Sequence[NodePoolInfo],
+    settings: Settings,
+    may_spend: Callable[[str, int], str] | None,
 ) -> list[occupancy.Demand]:
     # As the releaser: no handover window or drain mode means no pool is held for anyone.
     if settings.idle_pool_seconds <= 0 or settings.drain:
         return []
-    return occupancy.demand(jobsets, (p.name for p in pools), settings)
+    return occupancy.demand(jobsets, pools, settings, may_spend)
 
 
 def fate(
     pool: NodePoolInfo,
-    owner: dict[str, Any] | None,
+    owner: JobSet | None,
     found: Sequence[occupancy.Occupant],
     waiting: Sequence[occupancy.Demand],
     settings: Settings,
     now: datetime.datetime,
+    hold: str = "",
 ) -> tuple[str, str]:
-    """What the release path would do with ``pool`` now (a ``NEXT`` value or ``deleting``) and why."""
+    """What the release path would do with ``pool`` now (a ``NEXT`` value or ``deleting``) and why;
+    ``hold``: why a suspended owner's Kueue Workload still needs it (``verdicts.workload_hold``)."""
     if pool.status == STATUS_STOPPING:
         return DELETING, f"GKE is deleting {pool.name}"
-    verdict = releaser.judge(pool, owner, settings, now)
+    verdict = releaser.judge(pool, owner, settings, now, hold)
     idle = releaser.idle_seconds(pool, owner, settings, now)
     decision = occupancy.decide(pool, verdict, found, waiting, idle or 0.0, settings)
     return NEXT[decision.action], decision.why
+
+
+def _hold(
+    owner: JobSet | None,
+    workloads: Sequence[WorkloadView],
+    settings: Settings,
+    now: datetime.datetime,
+) -> str:
+    """Why a suspended owner keeps its pools for its Kueue Workload, as release reads it."""
+    if owner is None or not owner.suspended:
+        return ""
+    for workload in workloads:
+        if workload.owner_kind == "JobSet" and workload.owner_uid == owner.uid:
+            hold = verdicts.workload_hold(workload, settings.admission_check_name, settings, now)
+            if hold:
+                return hold
+    return ""
 
 
 def pool_rows(
@@ -179,18 +193,22 @@ def pool_rows(
     prices: Prices,
     now: datetime.datetime,
     settings: Settings,
+    jobs: Sequence[Mapping[str, Any]] = (),
+    workloads: Sequence[Mapping[str, Any]] = (),
+    may_spend: Callable[[str, int], str] | None = None,
 ) -> list[PoolRow]:
-    """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed."""
-    by_key: dict[tuple[str, str], dict[str, Any] | None] = {
-        (
-            str((js.get("metadata") or {}).get("namespace") or "default"),
-            str((js.get("metadata") or {}).get("name", "")),
-        ): dict(js)
-        for js in jobsets
-    }
+    """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed.
+
+    ``jobs``: the batch/v1 Jobs, through which a pod on a pool is proven its JobSet's own (labels
+    prove nothing; ``shared.provisioning.tenancy.ownership``), exactly as release decides occupancy;
+    ``workloads``: Kueue's, whose status says whether a suspended owner's pools are still needed;
+    ``may_spend``: release's ``Spending.never_holds``, so no pool is shown kept for a namespace
+    that may not hold it."""
+    listed = [JobSet.of(js) for js in jobsets]
+    by_key: dict[tuple[str, str], JobSet | None] = {js.key: js for js in listed}
     node_pool: dict[str, str] = {}
     node_labels: dict[str, list[Mapping[str, str]]] = {}
-    pool_nodes: dict[str, list[Mapping[str, Any]]] = {}
+    pool_nodes: dict[str, list[Node]] = {}
     # GKE's NodePool carries no creation time: a pool's age is its oldest node's, which is also when
     # it started to cost money (a pool without nodes has no VMs to pay for).
     oldest: dict[str, datetime.datetime] = {}
@@ -199,7 +217,7 @@ def pool_rows(
         pool_name = (meta.get("labels") or {}).get(labels.NODEPOOL, "")
         node_pool[str(meta.get("name", ""))] = pool_name
         node_labels.setdefault(pool_name, []).append(meta.get("labels") or {})
-        pool_nodes.setdefault(pool_name, []).append(node)
+        pool_nodes.setdefault(pool_name, []).append(Node.parse(node))
         created = _parse_time(str(meta.get("creationTimestamp", "")))
         if created and (pool_name not in oldest or created < oldest[pool_name]):
             oldest[pool_name] = created
@@ -209,20 +227,27 @@ def pool_rows(
         pool_name = node_pool.get(str((pod.get("spec") or {}).get("nodeName") or ""))
         if pool_name:
             pool_pods.setdefault(pool_name, []).append(pod)
+    parsed_jobs = {(j.namespace, j.name): j for j in map(Job.parse, jobs)}
+    views = [parse_workload(w) for w in workloads]
+    chains = chains_of(pods, parsed_jobs, by_key)
     queued: list[occupancy.Demand] | None = None  # listed once, and only when an idle pool needs it
     shapes = _machine_types()
     rows = []
     for pool in pools:
-        if pool.labels.get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE:
+        if not pool.managed:
             continue
-        namespace = pool.labels.get(labels.OWNER_NAMESPACE, "")
-        name = pool.labels.get(labels.OWNER_NAME, "")
+        namespace = pool.owner.namespace
+        name = pool.owner.name
         owner = by_key.get((namespace, name))
         state = owner_state(pool, owner)
-        found = occupancy.occupants(pool, pool_nodes.get(pool.name, []), pool_pods.get(pool.name, []), by_key)
+        found = occupancy.occupants(
+            pool, pool_nodes.get(pool.name, []), pool_pods.get(pool.name, []), by_key, chains
+        )
         if queued is None and not found:
-            queued = _demand(jobsets, pools, settings)
-        action, why = fate(pool, owner, found, queued or [], settings, now)
+            queued = _demand(listed, pools, settings, may_spend)
+        action, why = fate(
+            pool, owner, found, queued or [], settings, now, _hold(owner, views, settings, now)
+        )
         generation, chips_per_vm = shapes.get(pool.machine_type, ("?", 0))
         chips = chips_per_vm * pool.node_count
         capacity = capacity_of(pool, node_labels.get(pool.name, []))
@@ -346,6 +371,28 @@ def render_table(rows: Sequence[PoolRow], prices: Prices, empty: str = "No manag
     # Built under settings that have since changed: said apart from the release path's answer.
     notes += [f"{r.name}: drift: {'; '.join(r.drift)}\n" for r in rows if r.drift]
     return output.table(header, body) + ("\n" + "".join(notes) if notes else "")
+
+
+def spending_section(accounts: Sequence[spending.Account], settings: Settings) -> str:
+    """Who may spend what and what each budget holds now (the product's own accounts)."""
+    if not settings.spending_stated:
+        return f"\nSpending: {spending.NO_LIMIT_STATED}.\n"
+    lines = [f"  {a.describe()}" for a in accounts]
+    if settings.unlimited_spending:
+        lines.append("  UNLIMITED_SPENDING: stated on purpose")
+    if settings.kueue_only:
+        lines.append("  KUEUE_ONLY: only JobSets whose Kueue Workload holds quota")
+    return "\nSpending:\n" + "\n".join(lines) + "\n"
+
+
+def spending_document(accounts: Sequence[spending.Account], settings: Settings) -> dict[str, Any]:
+    """The spending section as JSON."""
+    return {
+        "stated": settings.spending_stated,
+        "unlimited": settings.unlimited_spending,
+        "kueue_only": settings.kueue_only,
+        "accounts": [{"budget": a.name, "limit": a.limit, "used": a.used} for a in accounts],
+    }
 
 
 def document(rows: Sequence[PoolRow], prices: Prices) -> dict[str, Any]:

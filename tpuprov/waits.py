@@ -1,7 +1,8 @@
 """What ``tpuprov publish setup|kueue --wait`` watch on the cluster after the message is published.
 
 The functions answer Pub/Sub, not the publisher, so the outcome is read where it lands: setup is
-done when the JobSet and Kueue controllers run at the pinned versions and are Available; a Kueue
+done when the JobSet and Kueue controllers run at the versions setup leaves (the pinned ones, or a
+newer one ADDON_UPGRADE keeps) and are Available; a Kueue
 configuration is applied when every object ``shared.kueue.render`` makes of it is on the cluster
 with that content and no other object carries the product's managed-by label (``apply_kueue``
 prunes those). Both poll through the functions' own Kubernetes adapter (``tpuprov.cluster``).
@@ -18,11 +19,16 @@ from shared.core.settings import Settings
 from shared.kueue.config import parse_config
 from shared.kueue.render import MANAGED_KINDS, MANAGED_SELECTOR, render
 from shared.setup.manifests import JOBSET, KUEUE, VERSION_ANNOTATION
+from shared.setup.support import KEEP_NEWER, KEEP_NEWER_ACTION, KEEP_UNKNOWN, plan
 from tpuprov.progress import Progress
 
 
-def _deployment_state(objects: Any, namespace: str, name: str, version: str) -> tuple[bool, str]:
-    """(installed at ``version`` and Available, what it looks like now) for one add-on controller."""
+def _deployment_state(
+    objects: Any, namespace: str, name: str, version: str, mode: str = KEEP_NEWER
+) -> tuple[bool, str]:
+    """(installed at the version setup leaves and Available, what it looks like now) for one add-on
+    controller: ``version`` (the pinned release), unless setup keeps the one installed
+    (``shared.setup.support.plan`` with ADDON_UPGRADE ``mode``: a newer or unrecognisable one)."""
     try:
         deployment = objects.get("apps/v1", "Deployment", name, namespace)
     except NotFoundError:
@@ -35,6 +41,10 @@ def _deployment_state(objects: Any, namespace: str, name: str, version: str) -> 
     replicas = (
         f"{status.get('availableReplicas', 0)}/{(deployment.get('spec') or {}).get('replicas', 1)} available"
     )
+    action = plan(installed, version, mode)
+    if action in (KEEP_NEWER_ACTION, KEEP_UNKNOWN):
+        why = "newer than" if action == KEEP_NEWER_ACTION else "not a release, so not replaced by"
+        return available, f"{installed} kept ({why} {version}, ADDON_UPGRADE={mode}), {replicas}"
     if installed != version:
         return False, f"{installed or 'unknown version'} installed, waiting for {version}"
     return available, replicas
@@ -51,7 +61,9 @@ def wait_for_setup(settings: Settings, timeout: float, progress: Any = None, pol
         ok = (
             progress.wait_until(
                 f"Waiting for {component.name} {version} ({component.namespace}/{component.deployment})",
-                lambda c=component, v=version: _deployment_state(objects, c.namespace, c.deployment, v),
+                lambda c=component, v=version: _deployment_state(
+                    objects, c.namespace, c.deployment, v, settings.addon_upgrade
+                ),
                 timeout,
                 poll,
             )

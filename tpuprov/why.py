@@ -14,11 +14,12 @@ from typing import Any
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
-from shared.provisioning import backoff
+from shared.provisioning.create import backoff
+from shared.provisioning.create.fallback import Attempts
 from shared.tpu import catalog, selectors
-from shared.tpu.jobsets import condition, jobset_problem
+from shared.tpu.jobsets import JobSet, jobset_problem
 from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
-from shared.tpu.slices import build_node_pool, slice_request
+from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRODUCT_REASONS = (
@@ -48,7 +49,7 @@ def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _failed_sentence(pool: NodePoolInfo, jobset: Mapping[str, Any] | None, settings: Settings) -> str:
-    failure = backoff.failures(dict(jobset) if jobset else None).get(pool.name)
+    failure = backoff.failures(JobSet.of(jobset) if jobset is not None else None).get(pool.name)
     head = f"GKE could not create its pool {pool.name}: {pool.status_message or 'status ERROR'}."
     if failure is None:
         return f"{head} The next provision or reconcile run records the failure and decides what comes next."
@@ -127,8 +128,8 @@ def explain(
         pool = by_pool.get(pool_name)
         if pool is None:
             return f"{who} runs on node {spec['nodeName']} (node pool {pool_name or 'unknown'}). {tail}"
-        owner = f"{pool.labels.get(labels.OWNER_NAMESPACE, '')}/{pool.labels.get(labels.OWNER_NAME, '')}"
-        managed = pool.labels.get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+        owner = pool.owner.describe()
+        managed = pool.managed
         whose = (
             f"a tpu-provisioner pool owned by JobSet {owner}"
             if managed
@@ -146,24 +147,32 @@ def explain(
             f"{who} claims JobSet {request.slice_id.namespace}/{request.slice_id.jobset}, which does not "
             f"exist; no pool is created for it. {tail}"
         )
-    if (jobset.get("spec") or {}).get("suspend"):
-        queue = ((jobset.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-        if queue and not condition(dict(jobset), "Completed"):
+    view = JobSet.of(jobset)
+    if view.suspended:
+        queue = view.meta.labels.get(KUEUE_QUEUE_LABEL)
+        if queue and view.terminal is None:
             return (
                 f"{who} waits for Kueue: its JobSet {_name(jobset)} is suspended in queue {queue} until its "
                 f"quota fits; pools are requested once Kueue admits it. {tail}"
             )
-    problem = jobset_problem(dict(jobset), request.slice_id)
+    problem = jobset_problem(view, request.slice_id)
     if problem:
         return f"{who} gets no new pool: {problem}. {tail}"
     try:
-        pool_spec, shape = build_node_pool(settings, request)
+        # The capacity provision asks for now: the policy's first option, or the fallback the
+        # slice's failure record names (shared.provisioning.create.fallback.Attempts).
+        options = slice_options(settings, request.demand, policy_of(settings, view))
+        option = Attempts(options, backoff.failures(view)).option(request.pool_name)
+        pool_spec, shape = build_node_pool(settings, request, option=option)
     except catalog.UnsupportedShape as exc:
         return f"{who} asks for a TPU shape the catalog does not offer: {exc}. {tail}"
     except Refused as exc:
         return f"{who} was refused a slice: {exc.why}. {tail}"
     pool = by_pool.get(pool_spec.name)
-    needs = f"It needs {shape.machine_type} x {shape.num_vms} ({shape.total_chips} chips, {shape.topology})."
+    needs = (
+        f"It needs {shape.machine_type} x {shape.num_vms} ({shape.total_chips} chips, {shape.topology}) "
+        f"on {option.key}."
+    )
     needs = f"{needs} {_selectors_sentence(request.selected, pool_spec, shape.topology)}".rstrip()
     misfit = selectors.misfit(request.selected, pool, pool_spec) if pool is not None else ""
     if pool is not None and misfit and pool.status not in ("ERROR", "STOPPING"):

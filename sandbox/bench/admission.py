@@ -37,9 +37,12 @@ from sandbox.sim.gke import SimGke
 from sandbox.testing.fakes import FakeKube
 from shared.core import labels, logs
 from shared.core.settings import Settings
-from shared.provisioning.admission_check import AdmissionChecker, CheckResult
+from shared.provisioning.admission.check import AdmissionChecker, CheckResult
+from shared.provisioning.services import Services
 
-SETTINGS = Settings(project_id="sim", location="us-east5-b", cluster_name="c", create_concurrency=8)
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="sim", location="us-east5-b", cluster_name="c", create_concurrency=8
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Shape:
     sink_delay: float = 5.0  # Cloud Logging -> Pub/Sub -> function
     redelivery: float = 10.0  # Pub/Sub's minimum backoff in infra
     # Seconds GKE takes to answer one CreateNodePool (0: at once). The product's fan-out sends its
-    # creates in rounds (shared.provisioning.slots), each waiting for the last, so with equal
+    # creates in rounds (shared.provisioning.create.slots), each waiting for the last, so with equal
     # latencies a call of a delivery's r-th round (from 1) is answered r x latency after it started.
     create_latency: float = 0.0
     stocked_out: int = 0  # slices the zone has no on-demand capacity for (their pools go to ERROR)
@@ -140,7 +143,7 @@ def _run(shape: Shape, seed: int) -> Result:
     def deliver(look: str) -> None:
         deliveries[0] += 1
         if not checker:
-            checker.append(AdmissionChecker(SETTINGS, gke, kube, wall_clock=sim.clock))
+            checker.append(AdmissionChecker(Services(SETTINGS, gke, kube, wall_clock=sim.clock)))
         check = checker[0]
         rounds[0] = check.pools.slots.rounds
         per_round.clear()

@@ -9,7 +9,6 @@ its objects as an admin, so the counters only see the product.
 
 from __future__ import annotations
 
-import copy
 import json
 import statistics
 from collections.abc import Iterator, Sequence
@@ -20,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.emulators.logging import entries as logentries
 from sandbox.kube import rbac
 from sandbox.kube.cluster import RealCluster
 from sandbox.testing.fixtures.kube import KubeHandle, crds, install_crds
 from shared.core import labels
 from shared.core.settings import Settings
+from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
-from shared.tpu.jobsets import expand_pods
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Release manifests live in the shared folder beside the repository, never inside it.
@@ -86,6 +84,7 @@ class BenchEnv:
             "LOCATION": s.location,
             "CLUSTER_NAME": s.cluster_name,
             "GKE_API_ENDPOINT": s.gke_api_endpoint,
+            "UNLIMITED_SPENDING": "true",  # stated, as a deployment must
             # A process without a product identity (the cold-start reference) reads as provision.
             "KUBECONFIG": str(
                 self.kube.kubeconfig_for(function if function in rbac.FUNCTIONS else "provision")
@@ -105,11 +104,9 @@ class BenchEnv:
         )
 
     def submit(self, jobset: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Store a JobSet (the API assigns its uid) and its pending pods, as the controllers would."""
-        jobset = copy.deepcopy(jobset)
-        jobset["metadata"].pop("uid", None)
-        stored = self.kube.put(jobset)
-        return stored, load(self.kube, expand_pods(stored))
+        """Store a JobSet (the API assigns its uid), its Jobs and their pending pods, as the controllers
+        would."""
+        return self.kube.submit_jobset(jobset, put_many=lambda objects: load(self.kube, objects))
 
     def complete(self, jobset: dict[str, Any]) -> None:
         """Mark a JobSet Completed, as its controller does when every Job succeeded."""
@@ -200,6 +197,7 @@ def started(op_delay: float = 0.0, manifest: Path = JOBSET_MANIFEST) -> Iterator
         gke = GkeEmulator([seed], op_delay=op_delay).start()
         try:
             settings = Settings(
+                unlimited_spending=True,
                 project_id=PROJECT,
                 location=LOCATION,
                 cluster_name=CLUSTER,

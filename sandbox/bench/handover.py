@@ -22,6 +22,7 @@ the run's ``seconds`` but not of any JobSet's figure.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 import statistics
 import threading
@@ -138,6 +139,9 @@ class StoryClock:
         self._lock = threading.Lock()
         self.admitted: dict[str, float] = {}
         self.bound: dict[str, dict[str, tuple[float, str]]] = {name: {} for name in names}
+        # When the scheduler says it bound each pod (its Event's eventTime): the watch may deliver
+        # the Events of two binds out of order, so which JobSet used a pool first is read from these.
+        self.bound_at: dict[str, float] = {}
 
     def _jobset_of(self, prefix: str, object_name: str) -> str | None:
         return next((n for n in self.names if object_name.startswith(f"{prefix}{n}-")), None)
@@ -160,6 +164,7 @@ class StoryClock:
                 name = self._jobset_of("", match.group(2))
                 if name is not None and len(self.bound[name]) < HOSTS:
                     self.bound[name].setdefault(match.group(2), (at, match.group(3)))
+                    self.bound_at.setdefault(match.group(2), _event_time(event, at))
 
     def timings(self, cluster_name: str) -> list[JobSetTiming]:
         """Per JobSet: first admission, first time all its pods had bound, and whether on a pool
@@ -171,7 +176,11 @@ class StoryClock:
         """
         first_user: dict[str, str] = {}  # pool -> the JobSet whose pod bound there first
         with self._lock:
-            binds = sorted((t, name, node) for name, pods in self.bound.items() for t, node in pods.values())
+            binds = sorted(
+                (self.bound_at.get(pod, t), name, node)
+                for name, pods in self.bound.items()
+                for pod, (t, node) in pods.items()
+            )
             for _, name, node in binds:
                 first_user.setdefault(_pool_of(node, cluster_name), name)
             out = []
@@ -182,7 +191,23 @@ class StoryClock:
                 if running is not None:
                     handed = any(first_user[_pool_of(n, cluster_name)] != name for _, n in pods.values())
                 out.append(JobSetTiming(name, self.admitted.get(name), running, handed))
-        return out
+        # In the order Kueue admitted them (JobSets created within one second may be admitted in
+        # any order): the first CONCURRENT need fresh pools, the rest should not.
+        return sorted(out, key=lambda t: (t.admitted_at is None, t.admitted_at or 0.0, t.name))
+
+
+def _event_time(event: dict[str, Any], fallback: float) -> float:
+    """The Event's own ``eventTime`` (events.k8s.io, microseconds) as Unix seconds; ``fallback``
+    (monotonic, only comparable with other fallbacks) when it has none."""
+    stamp = str(event.get("eventTime") or "")
+    try:
+        return (
+            datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
+            .replace(tzinfo=datetime.UTC)
+            .timestamp()
+        )
+    except ValueError:
+        return fallback
 
 
 def _pool_of(node: str, cluster_name: str) -> str:

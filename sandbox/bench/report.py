@@ -1,4 +1,7 @@
-"""Render a ``sandbox.bench.runner`` report as Markdown and write it (and the JSON) to a results folder."""
+"""Render a ``sandbox.bench.runner`` report as Markdown and write it (and the JSON) to a results folder.
+
+The Markdown is the "Performance figures" section of docs/performance.md, where the published figures live.
+"""
 
 from __future__ import annotations
 
@@ -282,11 +285,146 @@ def _scale_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _mib(value: float) -> str:
+    return f"{value:.0f} MiB"
+
+
+def declared_lines(report: dict[str, Any]) -> list[str]:
+    """The declared-pods part as Markdown lines (none when the part was skipped)."""
+    part = report.get("declared_pods")
+    if not part:
+        return []
+    shape, limits, met = part["shape"], part["limits"], part["met"]
+    base, d = part["baseline"], part["declared"]
+
+    def row(r: dict[str, Any]) -> list[str]:
+        return [
+            r["name"],
+            f"{r['jobsets']} x {r['replicas']:,} x {r['pods_per_job']}",
+            f"{r['declared_pods']:,}",
+            f"{r['sweep']['seconds']:.2f} s",
+            _mib(r["sweep"]["rss_mib"]),
+            f"{r['release']['seconds']:.2f} s",
+            _mib(r["release"]["rss_mib"]),
+            f"{r['release_first']['seconds']:.2f} s",
+            f"{r['pools_kept']} of 2",
+        ]
+
+    def limit(key: str, text: str) -> str:
+        return f"<= {text}" + ("" if met[key] else " **NO**")
+
+    def calls(cost: dict[str, Any]) -> str:
+        return (
+            f"{cost['kube_requests']} Kubernetes requests and {sum(cost['gke_calls'].values())} GKE call(s)"
+        )
+
+    same = all(base[p]["kube_requests"] == d[p]["kube_requests"] for p in ("sweep", "release")) and all(
+        base[p]["gke_calls"] == d[p]["gke_calls"] for p in ("sweep", "release")
+    )
+    return [
+        "**Declared pods** (a free suspended JobSet of about a million declared pods used to stop every "
+        "release: release and reconcile expanded every pod of every suspended JobSet, at 0.17 ms and "
+        f"1.8 KiB a pod): {shape['jobsets']} suspended JobSets queued in a Kueue LocalQueue, on a real "
+        f"kube-apiserver, declaring {d['declared_pods']:,} pods in all ({d['replicas']:,} replicas of a "
+        f"{shape['vms']}-VM v6e {shape['topology']} slice each), against a baseline of the same JobSets "
+        "with one replica of one pod; two idle managed pools of their shape whose owner JobSets are gone, "
+        "so every delivery must compute the demand (a pool is kept for the queue only then). One "
+        "reconcile sweep (after a warm-up sweep) in a reconcile function process; a JobSet-deleted "
+        "audit entry for each gone owner to a release function process, the second measured (the first "
+        "builds the process's API clients); each row on a fresh API server and GKE emulator. "
+        f"Goal: {part['goal']}.",
+        "",
+        *_table(
+            [
+                "row",
+                "JobSets x replicas x pods per Job",
+                "declared pods",
+                "sweep (tick to 2xx)",
+                "sweep peak RSS",
+                "release (delivery to 2xx)",
+                "release peak RSS",
+                "first release (clients built)",
+                "idle pools kept",
+            ],
+            [
+                row(base),
+                row(d),
+                [
+                    "goal",
+                    "",
+                    "",
+                    limit("sweep_seconds", f"{limits['sweep_seconds']:.2f} s"),
+                    limit("sweep_rss_mib", _mib(limits["sweep_rss_mib"])),
+                    limit("release_seconds", f"{limits['release_seconds']:.2f} s"),
+                    limit("release_rss_mib", _mib(limits["release_rss_mib"])),
+                    "",
+                    "",
+                ],
+            ],
+        ),
+        "",
+        f"A sweep cost {calls(d['sweep'])}, a release {calls(d['release'])}, "
+        + ("in both rows." if same else f"(baseline: {calls(base['sweep'])}; {calls(base['release'])})."),
+        "",
+    ]
+
+
+def forged_lines(report: dict[str, Any]) -> list[str]:
+    """The forged-event storm as Markdown lines (none when the part was skipped)."""
+    f = report.get("forged_storm")
+    if not f:
+        return []
+    shape, d, o = f["shape"], f["deliveries"], f["objects"]
+    calls = ", ".join(f"{kind} {count}" for kind, count in f["gke_calls"].items()) or "none"
+    lists = f["gke_calls"].get("list", 0)
+    return [
+        f"**Forged-event storm** (anyone with `roles/logging.logWriter` can write entries the sinks "
+        "route to provision; each used to cost a GKE listing, and GKE's request quota is shared with the "
+        f"creates): {f['shape']['deliveries']} pending-pod entries, shuffled, a third each naming a real "
+        "pending pod that belongs to no JobSet's Job (a bare pod whose labels claim a slice of the real "
+        f"JobSet), {shape['ghosts']} pod names that do not exist, and the pending pods of a real JobSet of "
+        f"{shape['slices']} slices x {shape['hosts']} hosts; posted one after another, as fast as one "
+        f"provision function process answers, at its default `EVENT_COALESCE_SECONDS` "
+        f"({f['window_seconds']:.0f} s).",
+        "",
+        *_table(
+            ["figure", "value"],
+            [
+                [
+                    "deliveries (forged pod / missing pods / real pods)",
+                    f"{d['forged']} / {d['ghosts']} / {d['real']}",
+                ],
+                [
+                    "distinct objects named (forged / missing / real)",
+                    f"{o['forged']} / {o['ghosts']} / {o['real']}",
+                ],
+                ["GKE calls by kind", calls],
+                [
+                    "GKE lists (goal: at most one per object per coalescing window)",
+                    f"**{lists}** (<= {f['distinct_objects']} objects x {f['windows']} window(s))",
+                ],
+                [
+                    "creates: the real JobSet's slices / any other",
+                    f"{f['creates_real']} of {shape['slices']} / {f['creates_other']}",
+                ],
+                ["Kubernetes reads / writes", f"{f['kube_reads']} / {f['kube_writes']}"],
+                ["non-2xx answers", str(f["non_2xx"])],
+                ["whole storm", f"{f['seconds']:.2f} s ({f['events_per_second']:.0f} deliveries/s)"],
+                [
+                    "peak RSS, provision (worker / leader+worker)",
+                    f"{f['rss']['worker_mib']:.0f} / {f['rss']['instance_mib']:.0f} MiB",
+                ],
+            ],
+        ),
+        "",
+    ]
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: one table per part, then the targets."""
+    """The report as Markdown: one table per part, then the targets (docs/performance.md's section)."""
     machine = report["machine"]
     lines = [
-        "## Performance",
+        "## Performance figures",
         "",
         f"Measured {report['generated']} on {machine['cpus']} CPUs, Python {machine['python']} "
         f"({machine['platform']}), against the local GKE emulator and a real kube-apiserver. Reproduce with:",
@@ -357,6 +495,8 @@ def markdown(report: dict[str, Any]) -> str:
         ),
         "",
         *_scale_lines(report),
+        *declared_lines(report),
+        *forged_lines(report),
         *handover_lines(report),
         *_wave_lines(report),
         *_stockout_lines(report),

@@ -21,8 +21,10 @@ from typing import Any
 from sandbox.bench import admission as bench_admission
 from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
+from sandbox.bench import declared as bench_declared
 from sandbox.bench import env as bench_env
 from sandbox.bench import fanout as bench_fanout
+from sandbox.bench import forged as bench_forged
 from sandbox.bench import handover as bench_handover
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
@@ -53,6 +55,10 @@ class BenchConfig:
     simulation: bool = True  # the virtual-time waves (seconds of real time)
     handover: bool = True  # the queued same-shape workload on the real stack (about 3 minutes)
     handover_shape: bench_handover.HandoverShape = field(default_factory=bench_handover.HandoverShape)
+    # Suspended JobSets declaring a million pods against a baseline (None: skipped).
+    declared: bench_declared.DeclaredShape | None = field(default_factory=bench_declared.DeclaredShape)
+    # Forged and missing pods' entries mixed with a real JobSet's, to one provision (None: skipped).
+    forged: bench_forged.ForgedShape | None = field(default_factory=bench_forged.ForgedShape)
     log_dir: Path | None = None  # function process logs; a temporary directory when None
 
 
@@ -108,6 +114,50 @@ def _scale_targets(
         _target("fan-out time to all S creates", fan.seconds_to_all_accepted, FANOUT_SECONDS_MAX, "s"),
         _target("reconcile sweep at cluster scale", sweep.sweep_seconds, RECONCILE_SECONDS_MAX, "s"),
         _target("reconcile peak RSS (worker)", sweep.rss.worker_mib, RECONCILE_RSS_MAX_MIB, "MiB"),
+    ]
+
+
+def _declared_targets(part: dict[str, Any]) -> list[dict[str, Any]]:
+    # The goal (sandbox/bench/declared.py): a declared pod is a number in a spec and must cost
+    # nothing, so each figure stays within the baseline's (1.5x + 1 s, + 32 MiB).
+    pods = part["declared"]["declared_pods"]
+    figures = {k: part["declared"][p][f] for k, (p, f) in _DECLARED_FIGURES.items()}
+    return [
+        _target(
+            f"declared pods: {label}, {pods:,} declared vs baseline", figures[key], part["limits"][key], unit
+        )
+        for key, label, unit in (
+            ("sweep_seconds", "reconcile sweep", "s"),
+            ("release_seconds", "release delivery", "s"),
+            ("sweep_rss_mib", "reconcile peak RSS (worker)", "MiB"),
+            ("release_rss_mib", "release peak RSS (worker)", "MiB"),
+        )
+    ]
+
+
+_DECLARED_FIGURES = {
+    "sweep_seconds": ("sweep", "seconds"),
+    "release_seconds": ("release", "seconds"),
+    "sweep_rss_mib": ("sweep", "rss_mib"),
+    "release_rss_mib": ("release", "rss_mib"),
+}
+
+
+def _forged_targets(result: bench_forged.ForgedResult) -> list[dict[str, Any]]:
+    # The goal (sandbox/bench/forged.py, shared/app/coalesce.py): at most one GKE listing per object
+    # per coalescing window, one create per real slice, none for a forged or missing pod.
+    s, lists = result.shape.slices, result.gke_calls.get("list", 0)
+    return [
+        _target("forged storm: GKE lists <= objects x coalescing windows", lists, result.list_bound, "calls"),
+        _target(
+            "forged storm: creates of the real JobSet == S",
+            result.creates_real,
+            s,
+            "calls",
+            ok=result.creates_real == s,
+        ),
+        _target("forged storm: creates for forged and missing pods", result.creates_other, 0, "calls"),
+        _target("forged storm: non-2xx answers", result.non_2xx, 0, "answers"),
     ]
 
 
@@ -289,6 +339,8 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
                 "fanout": asdict(config.fanout),
                 "cluster": asdict(config.cluster),
                 "handover": asdict(config.handover_shape) if config.handover else None,
+                "declared": asdict(config.declared) if config.declared else None,
+                "forged": asdict(config.forged) if config.forged else None,
             },
         }
         targets: list[dict[str, Any]] = []
@@ -332,6 +384,17 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
         report["fanout"] = fanout_dict(fan)
         report["reconcile_scale"] = cluster_dict(sweep)
         targets += _scale_targets(fan, sweep)
+        if config.declared is not None:
+            declared = bench_declared.run(config.declared, log_dir / "declared", progress=say)
+            report["declared_pods"] = bench_declared.as_dict(declared)
+            targets += _declared_targets(report["declared_pods"])
+        if config.forged is not None:
+            storm_shape = config.forged
+            say(f"forged storm: {storm_shape.deliveries} entries: a forged pod, missing pods, a real JobSet")
+            with bench_env.started() as env:
+                forged = bench_forged.run(env, storm_shape, log_dir / "forged", progress=say)
+            report["forged_storm"] = bench_forged.as_dict(forged)
+            targets += _forged_targets(forged)
         if config.handover:
             shape = config.handover_shape
             say(f"handover: {shape.jobsets} same-shape JobSets through a queue that runs 2 at a time")

@@ -28,6 +28,14 @@ Delivery = tuple[dict[str, str], bytes]
 V6E_TOPOLOGY_BY_HOSTS = {1: "2x2", 2: "2x4", 4: "4x4", 8: "4x8", 16: "8x8", 32: "8x16", 64: "16x16"}
 
 
+def v6e_topology(hosts: int) -> str:
+    """The v6e topology whose slice has ``hosts`` VMs of 4 chips each (a clear error for any other)."""
+    try:
+        return V6E_TOPOLOGY_BY_HOSTS[hosts]
+    except KeyError:
+        raise ValueError(f"hosts must be one of {sorted(V6E_TOPOLOGY_BY_HOSTS)}") from None
+
+
 @dataclass(frozen=True)
 class StormShape:
     """The storm's size: ``slices`` x ``hosts`` pods, ``repeats`` events each, plus duplicates."""
@@ -42,10 +50,7 @@ class StormShape:
     @property
     def topology(self) -> str:
         """The v6e topology whose slice has ``hosts`` VMs of 4 chips each."""
-        try:
-            return V6E_TOPOLOGY_BY_HOSTS[self.hosts]
-        except KeyError:
-            raise ValueError(f"hosts must be one of {sorted(V6E_TOPOLOGY_BY_HOSTS)}") from None
+        return v6e_topology(self.hosts)
 
 
 @dataclass
@@ -135,7 +140,7 @@ def _wait_pools_gone(env: BenchEnv, timeout: float = 10.0) -> int:
     return len(env.managed_pools())
 
 
-def _until_older_than_memory_rule(pods: Sequence[dict[str, Any]]) -> None:
+def until_older_than_memory_rule(pods: Sequence[dict[str, Any]]) -> None:
     """Wait until every pod is over two seconds old. The scheduler logs FailedScheduling for a pending
     pod again and again for minutes, while provision answers from its memory of a pool only for a
     pod created over a second before it saw the pool (creation times have whole seconds): a storm
@@ -162,7 +167,7 @@ def run(
     ignored = bench_env.binary_delivery(bench_env.ignored_entry())
     with launched("provision", env.function_env("provision"), log_dir) as fn:
         first_2xx(fn, *ignored)  # up and warm before the clock starts (cold start is measured apart)
-        _until_older_than_memory_rule(pods)
+        until_older_than_memory_rule(pods)
         before = env.counters()
         with _CreateWatch(env, shape.slices, before.gke_creates) as watch:
             started = time.perf_counter()

@@ -3,7 +3,7 @@
 In production a push subscription (infra: ``push_endpoint = <service>/projects/P/topics/T``)
 delivers each message to Cloud Run as a binary-mode CloudEvent. The emulator's push is a plain JSON
 POST, so the sandbox points the subscriptions at this relay instead: it rebuilds the CloudEvent with
-``sandbox.emulators.logging.entries`` (the one definition of the shape), posts it to the function
+``shared.events.entries`` (the one definition of the shape), posts it to the function
 that owns the topic, and answers the emulator with the function's status. A 2xx acknowledges the
 message; anything else (including an unreachable function) makes the emulator redeliver with the
 subscription's backoff, exactly the contract the functions rely on.
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sandbox.emulators.logging.entries import binary_cloudevent_headers, eventarc_body
 from sandbox.emulators.serving import BackgroundServer
+from shared.events.entries import binary_cloudevent_headers, eventarc_body
 
 _PUSH_PATH = re.compile(r"^/projects/([^/]+)/topics/([^/?]+)$")
 UNREACHABLE = 599  # recorded (and answered as 502) when the function cannot be reached at all

@@ -16,14 +16,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-# infra/main.tf names each function's service account "<prefix>-<short>".
-SHORT_NAMES = {
-    "provision": "provision",
-    "release": "release",
-    "reconcile": "reconcile",
-    "setup_cluster": "setup",
-    "apply_kueue": "kueue",
-}
+from shared.app.deployment import service_account
+
 # setup_cluster holds roles/container.admin (infra/iam.tf): every container.* permission.
 BROAD_ROLES = {"setup_cluster": ("container.*",)}
 
@@ -56,7 +50,7 @@ class Iam:
 
     def principal_of(self, function: str) -> str:
         """The service account email infra/ creates for ``function``."""
-        return f"{self.prefix}-{SHORT_NAMES.get(function, function)}@{self.project}.iam.gserviceaccount.com"
+        return service_account(function, self.project, self.prefix)
 
     def grant(self, principal: str, permissions: Iterable[str]) -> None:
         """Add permissions to ``principal`` (creating it)."""
@@ -116,7 +110,6 @@ def gke_denial(permission: str, resource: str) -> str:
 
 __all__ = [
     "BROAD_ROLES",
-    "SHORT_NAMES",
     "UNAUTHENTICATED",
     "Iam",
     "gke_denial",

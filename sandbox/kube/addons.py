@@ -71,10 +71,12 @@ KUEUE = Addon(
 
 @dataclass(frozen=True)
 class Installed:
-    """A release applied to a cluster, its webhooks expecting a server on ``webhook_port``."""
+    """A release applied to a cluster, its webhooks expecting a server on ``webhook_port``;
+    ``binary`` is the controller of another version than the pinned one (``build.Release``)."""
 
     addon: Addon
     webhook_port: int
+    binary: Path | None = None
 
 
 def _local_client_config(
@@ -200,7 +202,8 @@ def run_controller(cluster: RealCluster, installed: Installed, timeout: float = 
         config.setdefault("featureGates", {})["VisibilityOnDemand"] = False
     config_path = cluster.dir / f"{addon.name}-config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [str(build.binary(addon.name)), f"--config={config_path}", f"--kubeconfig={kubeconfig}"]
+    controller = installed.binary or build.binary(addon.name)
+    argv = [str(controller), f"--config={config_path}", f"--kubeconfig={kubeconfig}"]
     if addon is KUEUE:
         argv = _with_kueue_metrics_certs(cluster.dir, cert_dir, argv)
     proc = cluster.start_process(addon.name, [*argv, "--zap-log-level=2"])

@@ -17,6 +17,14 @@ at once, and a change to a pinned version rebuilds. Go's default module and buil
 used, so a machine that built once builds again from cache.
 
 Run it with ``python -m sandbox.kube.build`` (``make kube-bins``).
+
+Other versions of JobSet and Kueue (the supported range that ``make test-matrix`` runs the product
+on) are built only on demand, one Go module each under ``sandbox/kube/go-versions/<name>-<version>``
+(go.mod and go.sum pin that release and exactly the requirements it declares), into
+``sandbox/kube/bin/versions/<name>-<version>/``: the controller binary and the release manifest,
+rendered from the module's own kustomize config (``config/default``, the upstream release recipe,
+with the bundled kubectl's kustomize), never downloaded. Each has a stamp like the pinned ones.
+``python -m sandbox.kube.build --versions kueue-v0.18.4 jobset-v0.11.1`` (or ``--all-versions``).
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -197,17 +207,274 @@ def ensure_built() -> Path:
     return BIN_DIR
 
 
+# -- other versions (the supported range) ----------------------------------------------------------
+
+VERSION_MODULES = HERE / "go-versions"
+VERSIONS_DIR = BIN_DIR / "versions"
+# The pinned releases' manifests: offline test data beside the repository, never inside it.
+SHARED_MANIFESTS = HERE.parents[2] / "shared" / "manifests"
+# One folder holding every version's manifest (symlinks), the MANIFESTS_DIR of a matrix stack.
+MANIFESTS_DIR = VERSIONS_DIR / "manifests"
+# Extra versions are built beside whatever else runs on these 2 cores: one compile job, one thread.
+VERSION_GO_FLAGS = ("-p", "1", "-trimpath")
+
+
+@dataclass(frozen=True)
+class Component:
+    """How one add-on is built and released upstream."""
+
+    module: str
+    package: str  # its controller's main package
+    image: str  # the release image the upstream release sets (Makefile: kustomize edit set image)
+    version_var: str
+
+
+COMPONENTS = {
+    "jobset": Component(
+        "sigs.k8s.io/jobset",
+        "sigs.k8s.io/jobset",
+        "registry.k8s.io/jobset/jobset",
+        "sigs.k8s.io/jobset/pkg/version.GitVersion",
+    ),
+    "kueue": Component(
+        "sigs.k8s.io/kueue",
+        "sigs.k8s.io/kueue/cmd/kueue",
+        "registry.k8s.io/kueue/kueue",
+        "sigs.k8s.io/kueue/pkg/version.GitVersion",
+    ),
+}
+_PINNED_MODULE = {"jobset": JOBSET_MODULE, "kueue": GO_MODULE}
+
+
+@dataclass(frozen=True, order=True)
+class Release:
+    """One version of one add-on: ``Release("kueue", "v0.18.4")``."""
+
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}-{self.version}"
+
+    @property
+    def pinned(self) -> bool:
+        return self.version == pinned_release(self.name)
+
+    @property
+    def module(self) -> Path:
+        return _PINNED_MODULE[self.name] if self.pinned else VERSION_MODULES / str(self)
+
+    @property
+    def folder(self) -> Path:
+        return BIN_DIR if self.pinned else VERSIONS_DIR / str(self)
+
+    @property
+    def binary(self) -> Path:
+        return self.folder / self.name
+
+    @property
+    def manifest(self) -> Path:
+        """The release manifest (``<name>-<version>.yaml``): the shared copy of a pinned one."""
+        return SHARED_MANIFESTS / f"{self}.yaml" if self.pinned else self.folder / f"{self}.yaml"
+
+    @property
+    def stamp(self) -> Path:
+        return self.folder / ".stamp"
+
+
+def parse_release(text: str) -> Release:
+    """``"kueue-v0.18.4"`` -> Release; ValueError for a name or version nothing builds."""
+    name, _, version = text.partition("-")
+    if name not in COMPONENTS:
+        raise ValueError(f"{text!r}: not jobset-<version> or kueue-<version>")
+    release = Release(name, version)
+    if not release.pinned and not (release.module / "go.mod").exists():
+        known = ", ".join(str(r) for r in releases())
+        raise ValueError(f"{text!r}: no Go module pins it in {VERSION_MODULES} (known: {known})")
+    return release
+
+
+def pinned_release(name: str) -> str:
+    """The version of ``name`` the pinned modules build (the product's pinned release)."""
+    return pinned_versions(_PINNED_MODULE[name])[COMPONENTS[name].module]
+
+
+def extra_releases() -> tuple[Release, ...]:
+    """The other versions a Go module folder pins, sorted."""
+    found = []
+    for folder in sorted(VERSION_MODULES.glob("*-v*")):
+        name, _, version = folder.name.partition("-")
+        if name in COMPONENTS and (folder / "go.mod").exists():
+            found.append(Release(name, version))
+    return tuple(sorted(found, key=_release_key))
+
+
+def releases(name: str | None = None) -> tuple[Release, ...]:
+    """Every version the sandbox can run (pinned and extra), oldest first, optionally of one add-on."""
+    pinned = [Release(n, pinned_release(n)) for n in COMPONENTS]
+    every = sorted({*pinned, *extra_releases()}, key=_release_key)
+    return tuple(r for r in every if name is None or r.name == name)
+
+
+def _release_key(release: Release) -> tuple[str, tuple[int, ...]]:
+    return release.name, tuple(int(part) for part in re.findall(r"\d+", release.version))
+
+
+def _release_ldflags(release: Release) -> str:
+    return f"-s -w -X {COMPONENTS[release.name].version_var}={release.version}"
+
+
+def release_digest(go: str, release: Release) -> str:
+    """What an extra version's binary and manifest depend on (kubebin renders the manifest)."""
+    h = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        h.update((release.module / name).read_bytes())
+    h.update(_go_version(go).encode())
+    recipe = [*VERSION_GO_FLAGS, _release_ldflags(release), COMPONENTS[release.name].image]
+    h.update(" ".join(recipe).encode())
+    h.update(STAMP.read_bytes() if STAMP.exists() else b"")
+    return h.hexdigest()
+
+
+def release_up_to_date(release: Release, go: str | None = None) -> bool:
+    """Whether ``release``'s binary and manifest exist and were built from its current pins."""
+    if release.pinned:
+        return up_to_date(go) and release.manifest.exists()
+    go = go or go_command()
+    if not (release.binary.exists() and release.manifest.exists()):
+        return False
+    try:
+        return release.stamp.read_text().strip() == release_digest(go, release)
+    except OSError:
+        return False
+
+
+def _module_dir(go: str, release: Release, env: dict[str, str]) -> Path:
+    result = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", COMPONENTS[release.name].module],
+        cwd=release.module,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise RuntimeError(f"go list -m {COMPONENTS[release.name].module} failed:\n{result.stderr}")
+    return Path(result.stdout.strip())
+
+
+def render_manifest(release: Release, source: Path, kubebin: Path) -> str:
+    """The release's ``manifests.yaml`` as upstream renders it: ``kustomize build config/default``
+    after ``kustomize edit set image controller=<release image>`` in config/components/manager (the
+    Makefiles' release targets of both projects), here with kubebin's kubectl kustomize on a copy of
+    the module's config/ (the module cache is read-only). For the pinned versions this reproduces
+    the shared release files byte for byte."""
+    import yaml  # the sandbox's dependency; the build of the pinned binaries needs none
+
+    with tempfile.TemporaryDirectory(prefix=f"render-{release}-") as tmp:
+        config = Path(tmp) / "config"
+        shutil.copytree(source / "config", config, copy_function=shutil.copyfile)
+        for folder, _, _ in os.walk(config):
+            os.chmod(folder, 0o755)
+        kustomization = config / "components" / "manager" / "kustomization.yaml"
+        doc = yaml.safe_load(kustomization.read_text())
+        image = {"name": "controller", "newName": COMPONENTS[release.name].image, "newTag": release.version}
+        doc["images"] = [i for i in doc.get("images") or [] if i.get("name") != "controller"] + [image]
+        kustomization.write_text(yaml.safe_dump(doc, sort_keys=False))
+        result = subprocess.run(
+            [str(kubebin), "kubectl", "kustomize", str(config / "default")], capture_output=True, text=True
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"kustomize of {release} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def build_release(release: Release, out: TextIO = sys.stderr) -> bool:
+    """Build an extra version's controller and render its manifest unless its stamp is current
+    (the pinned ones: :func:`build`); return True if anything was built."""
+    build(out)  # kubebin renders the manifest
+    if release.pinned:
+        link_manifests()
+        return False
+    go = go_command()
+    if release_up_to_date(release, go):
+        print(f"[kube-bins] {release} up to date", file=out)
+        link_manifests()
+        return False
+    release.folder.mkdir(parents=True, exist_ok=True)
+    release.stamp.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "GOFLAGS": os.environ.get("GOFLAGS", "") + " -mod=readonly",
+        "GOMAXPROCS": os.environ.get("GOMAXPROCS", "1"),
+    }
+    component = COMPONENTS[release.name]
+    print(f"[kube-bins] building {release} ({component.package}) ...", file=out, flush=True)
+    start = time.monotonic()
+    result = subprocess.run(
+        [
+            go,
+            "build",
+            *VERSION_GO_FLAGS,
+            f"-ldflags={_release_ldflags(release)}",
+            "-o",
+            str(release.binary),
+            component.package,
+        ],
+        cwd=release.module,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        output = result.stdout + result.stderr
+        raise RuntimeError(f"go build {component.package} ({release}) failed:\n{output}")
+    took = time.monotonic() - start
+    release.manifest.write_text(render_manifest(release, _module_dir(go, release, env), binary("kubebin")))
+    size = release.binary.stat().st_size / 2**20
+    said = f"[kube-bins] built {release} in {took:.0f}s ({size:.0f} MiB), manifest rendered"
+    print(said, file=out, flush=True)
+    release.stamp.write_text(release_digest(go, release) + "\n")
+    link_manifests()
+    return True
+
+
+def link_manifests() -> Path:
+    """:data:`MANIFESTS_DIR`, a symlink per version whose manifest exists (pinned ones included)."""
+    MANIFESTS_DIR.mkdir(parents=True, exist_ok=True)
+    for release in releases():
+        link = MANIFESTS_DIR / release.manifest.name
+        if release.manifest.exists() and not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link
+            link.symlink_to(release.manifest)
+    return MANIFESTS_DIR
+
+
+def ensure_releases(wanted: Iterable[Release]) -> Path:
+    """Build whatever of ``wanted`` (and the pinned binaries) is not up to date; return MANIFESTS_DIR."""
+    build()
+    for release in wanted:
+        build_release(release)
+    return link_manifests()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="exit 1 if a rebuild is needed, build nothing")
+    parser.add_argument(
+        "--versions", nargs="*", default=[], metavar="NAME-VERSION", help="also build these other versions"
+    )
+    parser.add_argument("--all-versions", action="store_true", help="also build every other version")
     args = parser.parse_args(argv)
+    wanted = [*map(parse_release, args.versions)] + (list(extra_releases()) if args.all_versions else [])
     if args.check:
-        fresh = up_to_date()
+        fresh = up_to_date() and all(release_up_to_date(r) for r in wanted)
         print("[kube-bins] " + ("up to date" if fresh else "out of date"))
         return 0 if fresh else 1
     try:
         build()
-    except RuntimeError as exc:
+        for release in wanted:
+            build_release(release)
+    except (RuntimeError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0

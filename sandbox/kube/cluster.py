@@ -300,6 +300,11 @@ class RealCluster:
                 f"--audit-log-path={self.audit_log}",
                 f"--cert-dir={self.dir / 'apiserver-certs'}",
                 "--profiling=false",
+                # GKE Standard admits privileged containers (only Autopilot refuses them: GKE "About
+                # privileged workload admission in Autopilot mode"); kube-apiserver's own default is
+                # false (kubernetes v1.36 cmd/kube-apiserver/app/options/options.go), which would
+                # refuse most public TPU manifests, whose containers run privileged to reach /dev/accel*.
+                "--allow-privileged=true",
             ],
         )
         self.server = f"https://127.0.0.1:{port}"

@@ -91,9 +91,20 @@ def pool_from_gke(pool: Mapping[str, Any], policy_topology: Callable[[str], str]
         chips_per_node=chips if accelerator else 0,
         spot=bool(config.get("spot")) and bool(accelerator),
         flex_start=bool(config.get("flexStart")) and bool(accelerator),
-        node_labels={**_reservation_labels(config.get("reservationAffinity") or {}), **own_labels},
+        node_labels={
+            **_reservation_labels(config.get("reservationAffinity") or {}),
+            **_placement_labels(placement),
+            **own_labels,
+        },
         max_pods=int((pool.get("maxPodsConstraint") or {}).get("maxPodsPerNode") or 110),
     )
+
+
+def _placement_labels(placement: Mapping[str, Any]) -> dict[str, str]:
+    # GKE labels the nodes of a pool placed by a named (workload) policy with that name, which
+    # xpk's tpu7x workloads select (xpk src/xpk/core/scheduling.py).
+    name = str(placement.get("policyName") or "")
+    return {labels.PLACEMENT_POLICY_NAME: name} if name else {}
 
 
 def _zone_labels(zone: str) -> dict[str, str]:

@@ -48,7 +48,8 @@ from sandbox.stack.functions import start_functions
 from sandbox.stack.processes import ProcessRegistry
 from sandbox.stack.summary import StackSummary, summarize
 from sandbox.stack.timeline import Timeline
-from sandbox.stack.wiring import SINKS, TOPIC_PREFIX, clients, create_wiring, wiring
+from sandbox.stack.wiring import clients, create_wiring
+from shared.app.deployment import SINKS, TOPIC_PREFIX, wiring
 from shared.core import labels
 from shared.events.fields import ClusterId
 from shared.kueue.config import load_config, parse_config
@@ -226,6 +227,9 @@ class RealStack:
             "COMPUTE_API_ENDPOINT": self.compute.url,
             "MAX_EVENT_AGE_SECONDS": str(c.max_event_age_seconds),
             "MANIFESTS_DIR": str(c.manifests_dir),
+            # The sandbox states its spending on purpose, as a deployment must
+            # (shared.provisioning.tenancy.spending); a scenario of budgets sets its own in function_env.
+            "UNLIMITED_SPENDING": "true",
             **dict(c.function_env),
         }
 
@@ -279,8 +283,8 @@ class RealStack:
 
     def setup(self, timeout: float = 300.0) -> None:
         """Publish the manual setup message (``{"cluster": path}``) and wait until setup_cluster has
-        installed JobSet and Kueue, both local controllers serve and a JobSet create reaches their
-        webhooks."""
+        installed JobSet and Kueue, both local controllers serve, a JobSet create reaches their
+        webhooks and the garbage collector acts on a deleted JobSet."""
         assert self.releases is not None
         topic = self.publisher.topic_path(self.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
         data = json.dumps({"cluster": self.cluster_id.path}).encode()
@@ -293,6 +297,10 @@ class RealStack:
         self.wait_for(lambda: self.decisions("setup.component"), deadline - time.monotonic(), "setup")
         # A JobSet submitted next must reach both releases' webhooks, not a Service nothing serves.
         self.wait_for(self.releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
+        # And a JobSet deleted next must take its Jobs with it, as on a cluster that has run a while.
+        if not self.releases.garbage_collector_knows_jobsets(max(1.0, deadline - time.monotonic())):
+            raise TimeoutError("the garbage collector never deleted a deleted JobSet's Jobs after setup")
+        self.timeline.add("kube", "the garbage collector watches JobSets")
 
     def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
         """Create a JobSet as the operator (kubectl create)."""

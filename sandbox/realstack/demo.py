@@ -23,7 +23,7 @@ from typing import Any
 from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.realstack.core import RealStack
 from sandbox.stack.summary import StackSummary
-from sandbox.stack.wiring import TOPIC_PREFIX, wiring
+from shared.app.deployment import TOPIC_PREFIX, wiring
 from shared.core import labels
 from shared.kueue.config import DEFAULT_CONFIG, parse_config
 from shared.kueue.render import render

@@ -12,22 +12,33 @@ pool's Nodes, so ``setup_cluster`` sees it Available as on GKE, while the local 
 work. Until the repoint lands, a call to a webhook fails at once: the control plane's network
 namespace has only ``lo`` (``sandbox.kube.netns``). A later re-apply by ``setup_cluster`` is
 repointed again.
+
+Versions: the controller started is the one of the version the Deployment deploys (the installer's
+stamp, else the image tag: ``shared.setup.manifests.deployed_version``), the pinned binaries or an
+extra version's from ``sandbox.kube.build`` (``make test-matrix``). When the Deployment's pod
+template changes (``setup_cluster`` upgrading the release, an operator's ``kubectl rollout
+restart`` after editing Kueue's ConfigMap), the local controller is stopped and started again from
+the new template's version and the ConfigMap as it is then, as the Deployment's rollout would.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from sandbox.emulators.sockets import free_ports
 from sandbox.jobsets import cpu_jobset
-from sandbox.kube import addons
+from sandbox.kube import addons, build
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
 from shared.cloud.objects import FIELD_MANAGER
+from shared.setup import manifests
 
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 HOOK_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
@@ -50,13 +61,37 @@ _TYPES = {
 }
 
 
+def built_binary(name: str, version: str) -> Path:
+    """The controller binary of ``name`` at ``version`` (``sandbox.kube.build``); FileNotFoundError
+    naming the build command when that version was not built."""
+    release = build.Release(name, version)
+    if not release.binary.exists():
+        raise FileNotFoundError(
+            f"no {name} {version} controller in {release.binary}: "
+            f"python -m sandbox.kube.build --versions {release}"
+        )
+    return release.binary
+
+
+def _template_digest(deployment: Mapping[str, Any]) -> str:
+    template = (deployment.get("spec") or {}).get("template") or {}
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+
+
 class ReleaseWiring:
     """Repoints the releases' webhooks and starts their controllers (see the module docstring)."""
 
     def __init__(
-        self, cluster: RealCluster, releases: tuple[addons.Addon, ...] = (addons.JOBSET, addons.KUEUE)
+        self,
+        cluster: RealCluster,
+        releases: tuple[addons.Addon, ...] = (addons.JOBSET, addons.KUEUE),
+        binary_for: Callable[[str, str], Path] = built_binary,
     ):
         self.cluster = cluster
+        self.binary_for = binary_for
+        # release name -> (version, pod template digest) of the controller started last
+        self.running: dict[str, tuple[str, str]] = {}
+        self.restarts: list[str] = []  # "<name> <old version> -> <new version>", in order
         self.api = cluster.client()
         self.releases = releases
         ports = free_ports(len(releases))
@@ -118,6 +153,29 @@ class ReleaseWiring:
             return not (exc.status >= 500 and "failed calling webhook" in exc.message)
         return True
 
+    def garbage_collector_knows_jobsets(self, timeout: float, namespace: str = "default") -> bool:
+        """Whether, within ``timeout`` seconds, the controller manager's garbage collector acts on a
+        deleted JobSet. It watches only the kinds it found at its last discovery pass, and it passes
+        every 30 s (kubernetes v1.36 cmd/kube-controller-manager/app/core.go, ``syncPeriod``): until
+        then a deleted JobSet's Jobs survive and JobSet's controller counts them for a new JobSet of
+        the same name, which a long-lived GKE cluster never shows. The probe is one suspended JobSet
+        deleted in the foreground: the API server keeps it, with the ``foregroundDeletion``
+        finalizer, until the garbage collector has deleted its Jobs and seen it through a watch of
+        the JobSet kind (Kubernetes "Garbage Collection", foreground cascading deletion)."""
+        probe = cpu_jobset("sandbox-gc-probe", namespace)
+        probe["metadata"].pop("uid", None)
+        probe["spec"]["suspend"] = True
+        collection = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets"
+        path = f"{collection}/sandbox-gc-probe"
+        self.api.create(collection, probe)
+        self.api.request("DELETE", path, {"propagationPolicy": "Foreground"})
+        deadline = time.monotonic() + timeout
+        while self.api.get(path) is not None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def _local(self, client_config: Mapping[str, Any]) -> dict[str, Any] | None:
         service = client_config.get("service") or {}
         installed = self.installed.get(str(service.get("namespace", "")))
@@ -147,21 +205,48 @@ class ReleaseWiring:
                 webhook["clientConfig"] = local
                 self._update(f"{CRDS}/{crd['metadata']['name']}", crd, "customresourcedefinitions")
 
-    def _update(self, path: str, obj: dict[str, Any], kind: str) -> None:
-        # Written as part of setup_cluster's own applied configuration (its field manager), so its
-        # next apply of the release replaces the url with the Service again instead of adding the
-        # Service beside it (the API server refuses a webhook with both); the loop then repoints.
+    def _apply(self, path: str, obj: dict[str, Any], kind: str, manager: str, force: bool) -> bool:
         body = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
         body.update(_TYPES[kind])  # list items carry no apiVersion and kind; an apply needs them
-        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        query = {"fieldManager": manager, **({"force": "true"} if force else {})}
         try:
             # resourceVersion as read: a concurrent apply wins (409), the next pass repoints again
             self.api.request("PATCH", path, body, content_type="application/apply-patch+yaml", query=query)
         except ApiError as exc:
             if exc.status not in (404, 409):
                 raise
-            return
-        self.repointed.append(f"{kind}/{obj['metadata']['name']}")
+            return False
+        return True
+
+    def _adopt(self, path: str, obj: dict[str, Any], kind: str) -> bool:
+        """Make setup_cluster's field manager the only applier of a release object another manager
+        applied (an operator's ``kubectl apply --server-side``, as xpk installs); True when it did
+        (the next pass repoints what it reads then). Otherwise the Service that manager applied
+        stays beside the url and the API server refuses the webhook. setup_cluster's own forced
+        apply over it would share those fields the same way; here the other manager then lets go
+        of them (its apply of nothing), so the repoint and setup's next apply own them alone."""
+        others = {
+            entry["manager"]
+            for entry in obj["metadata"].get("managedFields") or []
+            if entry.get("operation") == "Apply" and entry.get("manager") != FIELD_MANAGER
+        }
+        if not others:
+            return False
+        current = self.api.get(path)
+        if current is None or not self._apply(path, current, kind, FIELD_MANAGER, force=True):
+            return True
+        bare = {"metadata": {"name": current["metadata"]["name"]}}
+        for manager in sorted(others):
+            self._apply(path, bare, kind, manager, force=False)
+        self.repointed.append(f"{kind}/{obj['metadata']['name']} (adopted from {', '.join(sorted(others))})")
+        return True
+
+    def _update(self, path: str, obj: dict[str, Any], kind: str) -> None:
+        # Written as part of setup_cluster's own applied configuration (its field manager), so its
+        # next apply of the release replaces the url with the Service again instead of adding the
+        # Service beside it (the API server refuses a webhook with both); the loop then repoints.
+        if not self._adopt(path, obj, kind) and self._apply(path, obj, kind, FIELD_MANAGER, force=True):
+            self.repointed.append(f"{kind}/{obj['metadata']['name']}")
 
     def _drop_api_services(self) -> None:
         for release in self.releases:
@@ -172,24 +257,40 @@ class ReleaseWiring:
     def _start_controllers(self) -> None:
         for installed in self.installed.values():
             release = installed.addon
-            if release.name in self.started:
-                continue
             path = DEPLOYMENTS.format(ns=release.namespace, name=release.deployment)
-            if self.api.get(path) is None:
+            deployment = self.api.get(path)
+            if deployment is None:
                 continue  # setup_cluster has not reached this release's Deployment yet
+            component = next(c for c in manifests.COMPONENTS if c.name == release.name)
+            wanted = (manifests.deployed_version(deployment, component), _template_digest(deployment))
+            if release.name in self.started:
+                if self.running.get(release.name) == wanted or self.started[release.name].is_alive():
+                    continue  # unchanged, or a start still under way (compared again next pass)
+                self.restarts.append(f"{release.name} {self.running[release.name][0]} -> {wanted[0]}")
+                self._ready[release.name].clear()
+            self.running[release.name] = wanted
             thread = threading.Thread(
-                target=self._run_controller, args=(installed,), name=f"start-{release.name}", daemon=True
+                target=self._run_controller,
+                args=(installed, wanted[0]),
+                name=f"start-{release.name}",
+                daemon=True,
             )
             self.started[release.name] = thread
             thread.start()
 
-    def _run_controller(self, installed: addons.Installed) -> None:
+    def _run_controller(self, installed: addons.Installed, version: str) -> None:
+        name = installed.addon.name
         try:
+            previous = self.cluster.procs.get(name)
+            if previous is not None:
+                previous.stop(grace=5.0)  # the old pod goes before the new one serves on its port
+            binary = self.binary_for(name, version)
+            installed = addons.Installed(installed.addon, installed.webhook_port, binary)
             addons.run_controller(self.cluster, installed)
         except Exception as exc:  # reported by wait_ready's caller through errors
-            self.errors.append(f"{installed.addon.name}: {exc}")
+            self.errors.append(f"{name} {version}: {exc}")
             return
-        self._ready[installed.addon.name].set()
+        self._ready[name].set()
 
     def _loop(self) -> None:
         interval = 0.3

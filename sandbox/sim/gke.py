@@ -34,11 +34,10 @@ from sandbox.emulators.gke.capacity import (
 from sandbox.emulators.gke.quota import RequestQuota
 from sandbox.emulators.gke.rules import TPU_MACHINES, ApiError
 from sandbox.sim.engine import Simulation
+from shared.cloud.errors import from_status
 from shared.core.errors import (
     AlreadyExistsError,
     NotFoundError,
-    OperationLimitError,
-    RejectedError,
     TransientError,
 )
 from shared.tpu.nodepools import (
@@ -199,7 +198,7 @@ class SimGke:
             raise AlreadyExistsError(f"409 node pool {spec.name} already exists")
         if len(self.in_flight) >= self.op_limit:
             self.stats.wasted += 1
-            raise OperationLimitError(self._too_many(cluster))
+            raise from_status(429, self._too_many(cluster))
         self._admit(cluster, spec)
         self.stats.creates_accepted += 1
         self.pools[spec.name] = NodePoolInfo(
@@ -210,6 +209,7 @@ class SimGke:
             labels=dict(spec.labels),
             node_locations=spec.node_locations,
             tpu_topology=spec.placement.tpu_topology if spec.placement else "",
+            placement_policy=spec.placement.policy_name if spec.placement else "",
             spot=spec.spot,
             reservation=spec.reservation.value if spec.reservation else "",
             flex_start=spec.flex_start,
@@ -238,7 +238,7 @@ class SimGke:
         if name not in self.pools:
             raise NotFoundError(f"404 node pool {name} not found")
         if len(self.in_flight) >= self.op_limit:
-            raise OperationLimitError(self._too_many(cluster))
+            raise from_status(429, self._too_many(cluster))
         self.stats.deletes += 1
         self.pools[name] = dataclasses.replace(self.pools[name], status=STATUS_STOPPING)
 
@@ -266,7 +266,7 @@ class SimGke:
         if name not in self.pools:
             raise NotFoundError(f"404 node pool {name} not found")
         if len(self.in_flight) >= self.op_limit:
-            raise OperationLimitError(self._too_many(cluster))
+            raise from_status(429, self._too_many(cluster))
         self.pools[name] = dataclasses.replace(self.pools[name], labels=dict(labels))
         return self._start(name, lambda: None)
 
@@ -285,13 +285,9 @@ class SimGke:
             self.capacity.admit(f"{cluster}/nodePools/{spec.name}", demand)
         except ApiError as err:
             self.stats.refused += 1
-            # The adapter's translation of the same HTTP answer (shared.cloud.gke._raise_translated).
+            # The adapter's translation of the same HTTP answer (shared.cloud.errors, one mapping).
             why = f"GKE create node pool {spec.name} in {cluster}: {err.message}"
-            if err.code == 404:
-                raise NotFoundError(why) from err
-            if err.code == 429:
-                raise TransientError(why) from err
-            raise RejectedError(why, err.code) from err
+            raise from_status(err.code, why, err.message) from err
         placement = Placement(spec.name, demand.kind, demand.zones, at=self.sim.now, asked=self.sim.now)
         self._placement[spec.name] = placement
         self.stats.placements.append(placement)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox.sim.engine import Simulation
-from sandbox.stack.wiring import INFRA_MAX_DELIVERY_ATTEMPTS, INFRA_RETRY_POLICY
+from shared.app.deployment import INFRA_MAX_DELIVERY_ATTEMPTS, INFRA_RETRY_POLICY
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ from shared.core.errors import TransientError
 from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 
 PROVISION_TIMEOUT = 60.0  # infra: the provision service's request timeout
@@ -103,7 +104,13 @@ def _run(config: SimConfig, resume: Callable[[Provisioner], Any] | None) -> SimR
     # Creates go one at a time: in virtual time GKE answers at once, and threads racing a real clock
     # would make the count of refused creates depend on this machine's load. Deployed, a fan-out of
     # CREATE_CONCURRENCY can meet up to that many 429s in the first wave, before the quota is known.
-    settings = Settings(project_id="sim", location="us-central2-b", cluster_name="sim", create_concurrency=1)
+    settings = Settings(
+        unlimited_spending=True,
+        project_id="sim",
+        location="us-central2-b",
+        cluster_name="sim",
+        create_concurrency=1,
+    )
     kube = FakeKube()
     jobset = tpu_jobset("big", replicas=config.slices, accelerator="tpu-v5-lite-podslice", topology="2x2")
     kube.add_jobset(jobset)
@@ -118,8 +125,8 @@ def _run(config: SimConfig, resume: Callable[[Provisioner], Any] | None) -> SimR
             provision_sub.publish(("op-finished", operation, pool))
 
     gke = SimGke(sim, config.op_limit, _durations(config), config.seed, config.latency, finished)
-    provisioner = Provisioner(settings, gke, kube, known_pool_ttl=30.0, clock=sim.clock)
-    reconciler = Reconciler(settings, gke, kube)
+    provisioner = Provisioner(Services(settings, gke, kube, known_pool_ttl=30.0, clock=sim.clock))
+    reconciler = Reconciler(Services(settings, gke, kube))
 
     def timed(call: Callable[[], Any]) -> None:
         gke.spent = 0.0

@@ -28,6 +28,7 @@ from shared.core.errors import TransientError
 from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 
 ZONE = "us-central2-b"
@@ -75,6 +76,7 @@ def run(config: StockoutConfig) -> StockoutResult:
 def _run(config: StockoutConfig) -> StockoutResult:
     sim = Simulation()
     settings = Settings(
+        unlimited_spending=True,
         project_id="sim",
         location=ZONE,
         cluster_name="sim",
@@ -110,8 +112,10 @@ def _run(config: StockoutConfig) -> StockoutResult:
     gke = SimGke(
         sim, 100, lambda rng: base * (1 + rng.uniform(-0.2, 0.2)), config.seed, 0.5, finished, capacity, "sim"
     )
-    provisioner = Provisioner(settings, gke, kube, known_pool_ttl=30.0, clock=sim.clock, wall_clock=sim.clock)
-    reconciler = Reconciler(settings, gke, kube, clock=sim.clock)
+    provisioner = Provisioner(
+        Services(settings, gke, kube, known_pool_ttl=30.0, clock=sim.clock, wall_clock=sim.clock)
+    )
+    reconciler = Reconciler(Services(settings, gke, kube, wall_clock=sim.clock))
 
     def deliver(message: tuple[str, ...]) -> None:
         if message[0] == "pod":

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandbox.stack.wiring import FUNCTIONS, INFRA_MAX_DELIVERY_ATTEMPTS, INFRA_RETRY_POLICY, RetryPolicy
+from shared.app.deployment import FUNCTIONS, INFRA_MAX_DELIVERY_ATTEMPTS, INFRA_RETRY_POLICY, RetryPolicy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Release manifests live in the shared folder beside the repository, never inside it.

@@ -1,9 +1,8 @@
 """The sandbox's Pub/Sub wiring: the same topics, push subscriptions and delivery policy as infra/.
 
-``infra/main.tf`` and ``infra/modules/*`` declare one topic per function (``<prefix>-<suffix>``), a
-dead-letter topic beside it, and a push subscription with a retry policy and a dead-letter policy.
-The constants below restate those facts once for the sandbox; ``tests/sandbox/test_wiring.py``
-parses the Terraform and fails when the two drift apart.
+The facts (topics, subscriptions, retry and dead-letter policy) are the deployment's own,
+``shared.app.deployment``, which ``tpuprov doctor`` checks a live deployment against; this module
+creates them on the Pub/Sub emulator.
 
 Clients are built on an explicit insecure channel to the emulator instead of through the
 ``PUBSUB_EMULATOR_HOST`` variable, so that starting a sandbox never changes the process environment.
@@ -11,78 +10,17 @@ Clients are built on an explicit insecure channel to the emulator instead of thr
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-TOPIC_PREFIX = "tpuprov"
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    """A push subscription's redelivery backoff (Pub/Sub doubles from the minimum up to the maximum)."""
-
-    minimum_backoff_seconds: int
-    maximum_backoff_seconds: int
-
-
-@dataclasses.dataclass(frozen=True)
-class FunctionWiring:
-    """One event function as infra wires it: its source topic suffix and its request timeout."""
-
-    function: str
-    topic_suffix: str
-    timeout_seconds: int
-
-    def topic(self, prefix: str = TOPIC_PREFIX) -> str:
-        """The function's source topic name."""
-        return f"{prefix}-{self.topic_suffix}"
-
-    def dead_letter_topic(self, prefix: str = TOPIC_PREFIX) -> str:
-        """Where messages go after the last delivery attempt."""
-        return f"{self.topic(prefix)}-dead-letter"
-
-    def subscription(self, prefix: str = TOPIC_PREFIX) -> str:
-        """The push subscription feeding the function (infra: ``<service name>-push``)."""
-        return f"{prefix}-{self.function.replace('_', '-')}-push"
-
-    def dead_letter_subscription(self, prefix: str = TOPIC_PREFIX) -> str:
-        """The pull subscription that keeps dead letters for inspection."""
-        return f"{self.dead_letter_topic(prefix)}-pull"
-
-    @property
-    def ack_deadline_seconds(self) -> int:
-        """infra: ``min(600, timeout_seconds)``, so a slow call is not redelivered while it runs."""
-        return min(600, self.timeout_seconds)
-
-
-# --- The single sandbox copy of infra's delivery facts (checked against the Terraform by tests).
-INFRA_RETRY_POLICY = RetryPolicy(minimum_backoff_seconds=10, maximum_backoff_seconds=600)
-INFRA_MAX_DELIVERY_ATTEMPTS = 10
-FUNCTIONS: tuple[FunctionWiring, ...] = (
-    FunctionWiring("provision", "pending-pods", 60),
-    FunctionWiring("release", "jobset-lifecycle", 120),
-    FunctionWiring("reconcile", "reconcile", 300),
-    FunctionWiring("setup_cluster", "setup", 540),
-    FunctionWiring("apply_kueue", "kueue", 300),
+from shared.app.deployment import (
+    DEAD_LETTER_ACK_DEADLINE_SECONDS,
+    FUNCTIONS,
+    INFRA_MAX_DELIVERY_ATTEMPTS,
+    INFRA_RETRY_POLICY,
+    TOPIC_PREFIX,
+    RetryPolicy,
 )
-# sinks/<name>.filter -> the function whose topic the sink fills.
-SINKS: Mapping[str, str] = {
-    "pending-tpu-pods": "provision",
-    "nodepool-operations": "provision",
-    "workload-quota-reserved": "provision",
-    "jobset-lifecycle": "release",
-    "cluster-created": "setup_cluster",
-}
-DEAD_LETTER_ACK_DEADLINE_SECONDS = 60
-
-
-def wiring(function: str) -> FunctionWiring:
-    """The wiring of one function by name; KeyError for an unknown one."""
-    for item in FUNCTIONS:
-        if item.function == function:
-            return item
-    raise KeyError(f"unknown function {function!r}; known: {', '.join(f.function for f in FUNCTIONS)}")
 
 
 def clients(host: str) -> tuple[Any, Any]:

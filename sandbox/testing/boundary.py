@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.emulators.logging import entries as logentries
 from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 from shared.core import logs
 from shared.core.settings import Settings
+from shared.events import entries as logentries
 from shared.events.envelope import PUBSUB_EVENT_TYPE
 from shared.events.fields import ClusterId
 
@@ -56,6 +56,7 @@ def started(kube: KubeHandle, functions: tuple[str, ...] = ("provision", "releas
     gke.start()
     try:
         settings = Settings(
+            unlimited_spending=True,
             project_id=CLUSTER_ID.project,
             location=CLUSTER_ID.location,
             cluster_name=CLUSTER_ID.name,

@@ -16,16 +16,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shared.cloud.errors import from_status
 from shared.core import labels as keys
 from shared.core.errors import (
     AlreadyExistsError,
     ConflictError,
     NotFoundError,
-    OperationLimitError,
     RejectedError,
     TransientError,
 )
 from shared.tpu.drift import config_of
+from shared.tpu.jobsets import JobSet, expand_jobs
 from shared.tpu.nodepools import (
     STATUS_PROVISIONING,
     STATUS_RECONCILING,
@@ -35,6 +36,9 @@ from shared.tpu.nodepools import (
     NodePoolSpec,
     OperationInfo,
 )
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Job
+from shared.tpu.pods import Pod
 
 # GKE's own texts (see sandbox/emulators/gke/state.py for where they come from).
 _TOO_MANY = (
@@ -88,14 +92,15 @@ class FakeGke:
     def fail(self, method: str, kind: str, times: int = 1) -> None:
         """Fail the next ``times`` calls of ``method``: 429, incompatible, rejected, quota, unavailable,
         reservation-full or reservation-missing (GKE's answers as the adapter raises them)."""
+        # Each as the adapter's one mapping (shared.cloud.errors) turns GKE's answer into an error.
         errors: dict[str, Callable[[], Exception]] = {
-            "429": lambda: OperationLimitError(_TOO_MANY),
-            "incompatible": lambda: OperationLimitError(_INCOMPATIBLE),
-            "unavailable": lambda: TransientError("503 Service Unavailable"),
-            "rejected": lambda: RejectedError("400 Invalid machine type", 400),
-            "quota": lambda: RejectedError(_QUOTA, 403),
-            "reservation-full": lambda: TransientError(_RESERVATION_SHORT),
-            "reservation-missing": lambda: NotFoundError(_RESERVATION_MISSING),
+            "429": lambda: from_status(429, _TOO_MANY),
+            "incompatible": lambda: from_status(400, _INCOMPATIBLE),
+            "unavailable": lambda: from_status(503, "503 Service Unavailable"),
+            "rejected": lambda: from_status(400, "400 Invalid machine type"),
+            "quota": lambda: from_status(403, _QUOTA),
+            "reservation-full": lambda: from_status(429, _RESERVATION_SHORT),
+            "reservation-missing": lambda: from_status(404, _RESERVATION_MISSING),
         }
         self._faults.setdefault(method, []).extend(errors[kind]() for _ in range(times))
 
@@ -164,6 +169,7 @@ class FakeGke:
                 labels=dict(spec.labels),
                 node_locations=spec.node_locations,
                 tpu_topology=spec.placement.tpu_topology if spec.placement else "",
+                placement_policy=spec.placement.policy_name if spec.placement else "",
                 spot=spec.spot,
                 reservation=spec.reservation.value if spec.reservation else "",
                 flex_start=spec.flex_start,
@@ -258,6 +264,8 @@ class FakeKube:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.jobsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.namespace_labels: dict[str, dict[str, str]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.arrivals: list[tuple[str, str, str]] = []
@@ -282,11 +290,21 @@ class FakeKube:
         meta = pod["metadata"]
         self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
 
-    def add_jobset(self, jobset: dict[str, Any]) -> None:
-        """Store a JobSet (with a resourceVersion, as the API server gives every object)."""
+    def add_jobset(self, jobset: dict[str, Any], jobs: bool = True) -> None:
+        """Store a JobSet (with a resourceVersion, as the API server gives every object) and, unless
+        ``jobs`` is False, the Jobs its controller creates (``expand_jobs``: the uids the pods of
+        ``expand_pods`` name)."""
         meta = jobset["metadata"]
         meta.setdefault("resourceVersion", "1")
         self.jobsets[(meta.get("namespace", "default"), meta["name"])] = jobset
+        if jobs:
+            for job in expand_jobs(jobset):
+                self.add_job(job)
+
+    def add_job(self, job: dict[str, Any]) -> None:
+        """Store a batch/v1 Job."""
+        meta = job["metadata"]
+        self.jobs[(meta.get("namespace", "default"), meta["name"])] = job
 
     def add_pool_nodes(self, pool: NodePoolInfo, cluster_name: str = "c") -> list[str]:
         """Register the Nodes GKE would for ``pool`` (one per VM, labelled with the pool's labels)."""
@@ -310,11 +328,11 @@ class FakeKube:
         stored.setdefault("spec", {})["nodeName"] = node
         stored["status"] = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """One pod or NotFoundError."""
+    def get_pod(self, namespace: str, name: str) -> Pod:
+        """One pod (parsed, as the adapter returns it) or NotFoundError."""
         self._read()
         try:
-            return copy.deepcopy(self.pods[(namespace, name)])
+            return Pod.parse(self.pods[(namespace, name)])
         except KeyError:
             raise NotFoundError(f"404 pods {name!r} not found") from None
 
@@ -343,11 +361,11 @@ class FakeKube:
             self.bind(namespace, pod, node)
         self.arrivals = waiting
 
-    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
-        """Nodes filtered by a label selector."""
+    def list_nodes(self, label_selector: str = "") -> list[Node]:
+        """Nodes filtered by a label selector (parsed, as the adapter returns them)."""
         self._read()
         return [
-            copy.deepcopy(n)
+            Node.parse(n)
             for _, n in sorted(self.nodes.items())
             if _label_match(n["metadata"].get("labels") or {}, label_selector)
         ]
@@ -368,18 +386,35 @@ class FakeKube:
             annotations.pop(keys.CORDONED, None)
         self.cordons.append((node, unschedulable, why))
 
-    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
-        """One JobSet or NotFoundError."""
+    def get_jobset(self, namespace: str, name: str) -> JobSet:
+        """One JobSet (parsed, as the adapter returns it) or NotFoundError."""
         self._read()
         try:
-            return copy.deepcopy(self.jobsets[(namespace, name)])
+            return JobSet.parse(copy.deepcopy(self.jobsets[(namespace, name)]))
         except KeyError:
             raise NotFoundError(f"404 jobsets {name!r} not found") from None
 
-    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """JobSets, optionally in one namespace."""
+    def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """A Namespace's labels (every namespace exists here; ``namespace_labels`` sets some)."""
         self._read()
-        return [copy.deepcopy(j) for (ns, _), j in sorted(self.jobsets.items()) if namespace in (None, ns)]
+        return dict(self.namespace_labels.get(name, {}))
+
+    def get_job(self, namespace: str, name: str) -> Job:
+        """One Job (parsed, as the adapter returns it) or NotFoundError."""
+        self._read()
+        try:
+            return Job.parse(self.jobs[(namespace, name)])
+        except KeyError:
+            raise NotFoundError(f'404 jobs.batch "{name}" not found') from None
+
+    def list_jobsets(self, namespace: str | None = None) -> list[JobSet]:
+        """JobSets, optionally in one namespace (parsed, as the adapter returns them)."""
+        self._read()
+        return [
+            JobSet.parse(copy.deepcopy(j))
+            for (ns, _), j in sorted(self.jobsets.items())
+            if namespace in (None, ns)
+        ]
 
     def annotate_jobset(
         self,
@@ -388,7 +423,7 @@ class FakeKube:
         annotations: Mapping[str, str | None],
         resource_version: str,
         why: str,
-    ) -> dict[str, Any]:
+    ) -> JobSet:
         """Merge-patch a JobSet's annotations; 409 Conflict when ``resource_version`` is stale.
 
         Stored JobSets without a resourceVersion get "1"; every write bumps it, as the API server's.
@@ -417,7 +452,7 @@ class FakeKube:
         meta["annotations"] = merged
         meta["resourceVersion"] = str(int(current) + 1)
         self.annotations.append((namespace, name, dict(annotations), why))
-        return copy.deepcopy(stored)
+        return JobSet.parse(copy.deepcopy(stored))
 
     def touch_jobset(self, namespace: str, name: str) -> None:
         """Bump a JobSet's resourceVersion, as any other writer (e.g. its controller) would."""

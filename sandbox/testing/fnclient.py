@@ -18,10 +18,10 @@ from typing import Any
 
 import functions_framework
 
-from sandbox.emulators.logging import entries as logentries
 from shared.app import entry
 from shared.core import logs
 from shared.core.settings import Settings
+from shared.events import entries as logentries
 
 REPO = Path(__file__).resolve().parents[2]
 # Called with the target before each delivery: the test world switches the runtime to that

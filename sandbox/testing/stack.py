@@ -22,7 +22,7 @@ from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.jobsets import tpu_jobset
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
-from sandbox.stack.wiring import RetryPolicy
+from shared.app.deployment import RetryPolicy
 from shared.core import labels
 
 T = TypeVar("T")

@@ -51,10 +51,25 @@ def _payload(cloud_event: Any, allow_empty: bool) -> bytes:
 
 
 def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
-    """Install or upgrade JobSet and Kueue on the cluster the message names."""
+    """Install or upgrade JobSet and Kueue on the cluster the message names, when it is the managed
+    cluster or one of SETUP_CLUSTERS; any other is acknowledged with a ``setup.ignored`` line."""
     cluster, ignored = parse_setup_payload(_payload(cloud_event, allow_empty=False))
     if cluster is None:
         logs.decision(log, "setup.ignored", ignored, logging.INFO)
+        return None
+    allowed = runtime.settings.setup_cluster_paths
+    if cluster.path not in allowed:
+        # Installing is cluster-admin work (CRDs, RBAC, webhooks): only the deployment's own
+        # cluster and the ones SETUP_CLUSTERS names, never whatever a message or another project's
+        # cluster-creation entry asks for. Acknowledged: redelivery would not change the answer.
+        logs.decision(
+            log,
+            "setup.ignored",
+            f"{cluster.path} is not a cluster this deployment sets up (the managed cluster "
+            f"{runtime.settings.cluster_path} or one listed in SETUP_CLUSTERS)",
+            logging.WARNING,
+            cluster=cluster.path,
+        )
         return None
     with logs.bound(cluster=cluster.path):
         installer = Installer(objects_for(runtime, cluster.path), runtime.settings)

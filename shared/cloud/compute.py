@@ -35,15 +35,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from shared.cloud.gke import emulator_credentials, is_transport_failure
-from shared.cloud.permissions import denied_permission
-from shared.core.errors import (
-    AlreadyExistsError,
-    NotFoundError,
-    PermissionDeniedError,
-    RejectedError,
-    TransientError,
-)
+from shared.cloud.errors import from_google, from_status
+from shared.cloud.gke import emulator_credentials
+from shared.core.errors import TransientError
 from shared.tpu.nodepools import WorkloadPolicyInfo
 
 _log = logging.getLogger("tpuprov.compute")
@@ -52,35 +46,8 @@ HIGH_THROUGHPUT = "HIGH_THROUGHPUT"
 
 
 def _raise_translated(exc: Exception, what: str) -> NoReturn:
-    """Re-raise a client-library failure as the product's error taxonomy."""
-    from google.api_core import exceptions as core
-
-    if isinstance(exc, core.GoogleAPICallError):
-        _raise_for_code(int(exc.code or 0), f"Compute Engine {what}: {exc.message}", exc)
-    if isinstance(exc, core.GoogleAPIError):  # RetryError and friends: nothing was refused
-        raise TransientError(f"Compute Engine {what}: {exc}") from exc
-    from google.auth import exceptions as auth_errors
-
-    if isinstance(exc, auth_errors.DefaultCredentialsError):
-        raise RejectedError(f"Compute Engine {what}: no usable credentials: {exc}", 401) from exc
-    if is_transport_failure(exc):
-        raise TransientError(f"Compute Engine {what}: {type(exc).__name__}: {exc}") from exc
-    raise exc
-
-
-def _raise_for_code(code: int, why: str, cause: Exception | None = None) -> NoReturn:
-    # 404 and 409 are the idempotency signals; 429 and 5xx clear by themselves; 403 (permission or
-    # quota) and 400 (a malformed policy) do not, so they are refusals the operator must act on.
-    if code == 404:
-        raise NotFoundError(why) from cause
-    if code == 409:
-        raise AlreadyExistsError(why) from cause
-    if code == 429 or code >= 500:
-        raise TransientError(why) from cause
-    permission = denied_permission(why) if code == 403 else ""
-    if permission:  # fixed by granting it: redeliver, and say which one (see PermissionDeniedError)
-        raise PermissionDeniedError(why, permission) from cause
-    raise RejectedError(why, code or 400) from cause
+    """Re-raise a client-library failure as the product's error (``shared.cloud.errors``)."""
+    raise from_google(exc, "Compute Engine", what) from exc
 
 
 def _enum_name(value: Any) -> str:
@@ -215,4 +182,4 @@ class ComputeWorkloadPolicyAPI:
         if errors or operation.http_error_status_code >= 400:
             message = "; ".join(e.message for e in errors) or operation.http_error_message
             code = int(operation.http_error_status_code or 400)
-            _raise_for_code(code, f"Compute Engine create resource policy {path}: {message}")
+            raise from_status(code, f"Compute Engine create resource policy {path}: {message}", message)

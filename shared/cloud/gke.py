@@ -5,11 +5,8 @@ sandbox point the adapter at ``http://127.0.0.1:PORT`` (the GKE emulator), which
 transport with anonymous credentials. The Google client is imported and built on first use only:
 importing it costs far more than a cold start should pay for a message that never reaches GKE.
 
-Library exceptions never leave this module; they are translated into ``shared.core.errors``:
-404 -> NotFoundError, 409 -> AlreadyExistsError, 429 "Too many operations" and 400 "Cluster is
-running incompatible operation" / "Operation ... is currently ..." -> OperationLimitError (a
-TransientError the provisioner uses to stop fanning out), other 429 / 5xx / timeouts / connection
-failures -> TransientError, any other refusal -> RejectedError.
+Library exceptions never leave this module: ``shared.cloud.errors`` (the one mapping GKE, Compute
+Engine and Kubernetes share) turns each into ``shared.core.errors`` once, here.
 The client library's own retries are switched off: Pub/Sub redelivery is the product's retry, and a
 call must fit in the few seconds an Eventarc delivery has.
 """
@@ -18,21 +15,13 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from shared.cloud.errors import from_google
 from shared.cloud.gke_messages import cluster_to_info, node_pool_to_info, operation_to_info, spec_to_node_pool
-from shared.cloud.permissions import denied_permission
-from shared.core.errors import (
-    AlreadyExistsError,
-    NotFoundError,
-    OperationLimitError,
-    PermissionDeniedError,
-    RejectedError,
-    TransientError,
-)
+from shared.core.errors import RejectedError
 from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
 
 if TYPE_CHECKING:
@@ -41,10 +30,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("tpuprov.gke")
 
 _CLUSTER_PATH = re.compile(r"^projects/([^/]+)/locations/([^/]+)/clusters/[^/]+$")
-# GKE's refusals to start an operation because others run: the 400 FAILED_PRECONDITION texts listed
-# in GKE's "Troubleshoot concurrent operations" page ("Cluster is running incompatible operation X",
-# "Operation X is currently <verb>ing cluster C. Please wait and try again once it is done.").
-_OPERATION_CONFLICT = re.compile(r"incompatible operation|operation \S+ is currently \w+", re.IGNORECASE)
 
 
 def _location_parent(cluster: str) -> str:
@@ -55,47 +40,8 @@ def _location_parent(cluster: str) -> str:
 
 
 def _raise_translated(exc: Exception, what: str) -> NoReturn:
-    """Re-raise a client-library failure as the product's error taxonomy."""
-    from google.api_core import exceptions as core
-
-    if isinstance(exc, core.GoogleAPICallError):
-        code = int(exc.code or 0)
-        why = f"GKE {what}: {exc.message}"
-        if isinstance(exc, core.NotFound) or code == 404:
-            raise NotFoundError(why) from exc
-        if isinstance(exc, core.Aborted):  # 409 in api_core, but a concurrency abort is retryable
-            raise TransientError(why) from exc
-        if code == 409:
-            raise AlreadyExistsError(why) from exc
-        permission = denied_permission(str(exc.message)) if code == 403 else ""
-        if permission:  # a 403 naming a permission; a 403 for quota is a capacity refusal below
-            raise PermissionDeniedError(why, permission) from exc
-        if code == 429 and "too many operations" in str(exc.message).lower():
-            raise OperationLimitError(why) from exc
-        if code == 400 and _OPERATION_CONFLICT.search(str(exc.message)):
-            raise OperationLimitError(why) from exc
-        if code == 429 or code >= 500 or isinstance(exc, core.Cancelled):
-            raise TransientError(why) from exc
-        if code == 400 and _busy(str(exc.message)):
-            raise TransientError(why) from exc
-        raise RejectedError(why, code or 400) from exc
-    if isinstance(exc, core.GoogleAPIError):  # RetryError and friends: nothing was refused
-        raise TransientError(f"GKE {what}: {exc}") from exc
-    from google.auth import exceptions as auth_errors
-
-    if isinstance(exc, auth_errors.DefaultCredentialsError):  # a deployment without credentials
-        raise RejectedError(f"GKE {what}: no usable credentials: {exc}", 401) from exc
-    if is_transport_failure(exc):
-        raise TransientError(f"GKE {what}: {type(exc).__name__}: {exc}") from exc
-    raise exc
-
-
-def _busy(message: str) -> bool:
-    # GKE runs one operation per node pool (and some per cluster) at a time; a second one is refused
-    # with "Cluster is running incompatible operation ..." or "Operation ... is currently ... Please
-    # wait and try again once it is done." Both clear once the running operation ends.
-    text = message.lower()
-    return "incompatible operation" in text or "please wait and try again" in text
+    """Re-raise a client-library failure as the product's error (``shared.cloud.errors``)."""
+    raise from_google(exc, "GKE", what) from exc
 
 
 def emulator_credentials(access_token: str) -> Any:
@@ -108,22 +54,6 @@ def emulator_credentials(access_token: str) -> Any:
     from google.auth.credentials import AnonymousCredentials
 
     return AnonymousCredentials()
-
-
-def is_transport_failure(exc: Exception) -> bool:
-    """True for failures of the connection or the token refresh (retryable; nothing was refused)."""
-    from google.auth import exceptions as auth_errors
-
-    # A failed token refresh is usually the metadata server or STS being briefly unreachable.
-    if isinstance(
-        exc, auth_errors.TransportError | auth_errors.RefreshError | ConnectionError | TimeoutError
-    ):
-        return True
-    requests = sys.modules.get("requests")
-    if requests is not None and isinstance(exc, requests.exceptions.RequestException):
-        return True
-    grpc = sys.modules.get("grpc")  # only loaded when the gRPC transport is in use
-    return grpc is not None and isinstance(exc, grpc.RpcError)
 
 
 class GkeNodePoolAPI:

@@ -45,6 +45,12 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
         spot=spec.spot,
         flex_start=spec.flex_start,
     )
+    if spec.workload_metadata:
+        # The mode by name (GKE_METADATA); an unknown name is a bug here, not something to send.
+        mode = gke.WorkloadMetadataConfig.Mode.__members__.get(spec.workload_metadata)
+        if mode is None:
+            raise InvalidInputError(f"unknown workload metadata mode {spec.workload_metadata!r}")
+        config.workload_metadata_config = gke.WorkloadMetadataConfig(mode=mode)
     if spec.reservation is not None:
         config.reservation_affinity = gke.ReservationAffinity(
             consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
@@ -107,6 +113,7 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
         node_locations=tuple(pool.locations),
         status_message=pool.status_message,
         tpu_topology=pool.placement_policy.tpu_topology,
+        placement_policy=pool.placement_policy.policy_name,
         spot=bool(pool.config.spot),
         reservation=next(iter(pool.config.reservation_affinity.values), ""),
         flex_start=bool(pool.config.flex_start),
@@ -143,11 +150,21 @@ def _node_config(pool: Any) -> NodeConfig:
         max_surge=int(upgrade.max_surge) if has_upgrade else -1,
         max_unavailable=int(upgrade.max_unavailable) if has_upgrade else -1,
         tags=tuple(config.tags),
+        workload_metadata=_workload_metadata(config),
     )
 
 
+def _workload_metadata(config: Any) -> str:
+    # MODE_UNSPECIFIED (0), or no workloadMetadataConfig at all: GKE did not say.
+    if "workload_metadata_config" not in config:
+        return ""
+    mode = config.workload_metadata_config.mode
+    return "" if not int(mode) else _enum_name(mode)
+
+
 def cluster_to_info(cluster: Any) -> ClusterInfo:
-    """Read how to reach the cluster, its zones and release channel off a ``container_v1.Cluster``."""
+    """Read how to reach the cluster, its zones, release channel and Workload Identity pool off a
+    ``container_v1.Cluster``."""
     return ClusterInfo(
         name=cluster.name,
         location=cluster.location,
@@ -157,6 +174,7 @@ def cluster_to_info(cluster: Any) -> ClusterInfo:
         status=_enum_name(cluster.status),
         release_channel=_release_channel(cluster),
         endpoints=endpoints_of(cluster),
+        workload_pool=cluster.workload_identity_config.workload_pool,
     )
 
 

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import quote
 
 from shared.cloud.endpoint import choose_endpoint
+from shared.cloud.errors import from_status
 from shared.cloud.kube_events import event_name, event_object, timestamp
-from shared.cloud.permissions import denied_permission
 from shared.core import labels, logs
 from shared.core.errors import (
     AlreadyExistsError,
@@ -32,6 +32,10 @@ from shared.core.errors import (
     TransientError,
 )
 from shared.core.settings import Settings
+from shared.tpu.jobsets import JobSet
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Job
+from shared.tpu.pods import Pod
 
 log = logs.get("kube")
 
@@ -52,9 +56,9 @@ class KubeClient:
     def _call(self, method: str, path: str, query: dict[str, str] | None = None, body: Any = None) -> Any:
         return request_json(self.api_client, method, path, query, body, timeout=self.timeout)
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """One pod. Raises NotFoundError."""
-        return dict(self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"))
+    def get_pod(self, namespace: str, name: str) -> Pod:
+        """One pod, parsed once here into the view the product decides on. Raises NotFoundError."""
+        return Pod.parse(self._call("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"))
 
     def _list(self, path: str, query: dict[str, str] | None = None) -> list[dict[str, Any]]:
         """Every item of a collection, read ``page_size`` at a time with ``limit``/``continue``.
@@ -79,9 +83,9 @@ class KubeClient:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
         return self._list(path, {"labelSelector": label_selector, "fieldSelector": field_selector})
 
-    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
-        """Nodes, optionally filtered by a label selector."""
-        return self._list("/api/v1/nodes", {"labelSelector": label_selector})
+    def list_nodes(self, label_selector: str = "") -> list[Node]:
+        """Nodes, optionally filtered by a label selector, parsed at the boundary."""
+        return [Node.parse(n) for n in self._list("/api/v1/nodes", {"labelSelector": label_selector})]
 
     def set_unschedulable(self, node: str, unschedulable: bool, why: str) -> None:
         """Cordon or uncordon ``node`` with one JSON merge patch (``kubectl cordon`` does the same)."""
@@ -100,18 +104,29 @@ class KubeClient:
             timeout=self.timeout,
         )
 
-    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
-        """One JobSet. Raises NotFoundError."""
+    def get_jobset(self, namespace: str, name: str) -> JobSet:
+        """One JobSet, parsed at the boundary. Raises NotFoundError."""
         path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}/{quote(name)}"
-        return dict(self._call("GET", path))
+        return JobSet.parse(self._call("GET", path))
 
-    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """JobSets, optionally in one namespace."""
+    def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """A Namespace's labels. Raises NotFoundError."""
+        found = (self._call("GET", f"/api/v1/namespaces/{quote(name)}").get("metadata") or {}).get("labels")
+        return {str(k): str(v) for k, v in (found or {}).items()}
+
+    def get_job(self, namespace: str, name: str) -> Job:
+        """One batch/v1 Job, parsed at the boundary. Raises NotFoundError."""
+        return Job.parse(
+            self._call("GET", f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs/{quote(name)}")
+        )
+
+    def list_jobsets(self, namespace: str | None = None) -> list[JobSet]:
+        """JobSets, optionally in one namespace, parsed at the boundary."""
         if namespace:
             path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}"
         else:
             path = f"{JOBSET_PATH}/{labels.JOBSET_PLURAL}"
-        return self._list(path)
+        return [JobSet.parse(js) for js in self._list(path)]
 
     def annotate_jobset(
         self,
@@ -120,7 +135,7 @@ class KubeClient:
         annotations: Mapping[str, str | None],
         resource_version: str,
         why: str,
-    ) -> dict[str, Any]:
+    ) -> JobSet:
         """Patch a JobSet's annotations (JSON merge patch) on the condition that it is unchanged.
 
         The resourceVersion in the patch makes the API server refuse it with 409 Conflict if another
@@ -130,7 +145,7 @@ class KubeClient:
         patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         logs.decision(log, "kube.annotate_jobset", why, namespace=namespace, jobset=name)
         try:
-            return dict(
+            return JobSet.parse(
                 request_json(
                     self.api_client,
                     "PATCH",
@@ -295,24 +310,9 @@ def _detail(raw: Any) -> str:
 
 
 def translate_status(status: int, detail: str, what: str) -> Exception:
-    """Map a Kubernetes API HTTP status onto the product's error taxonomy."""
-    why = f"{what}: HTTP {status} {detail}".strip()
-    if status == 404:
-        return NotFoundError(why)
-    if status == 409:
-        return AlreadyExistsError(why)
-    if status in (0, 408, 429) or status >= 500:
-        return TransientError(why)
-    if status == 410:  # an expired list continue token: list again from the start
-        return TransientError(why)
-    permission = denied_permission(detail) if status == 403 else ""
-    if permission:
-        # GKE's IAM authorizer names the permission it wanted: a role to fix, nothing to lose.
-        return PermissionDeniedError(why, permission)
-    if status == 401 or status == 403:
-        # Credentials or RBAC: a deployment problem, but one an operator fixes without losing events.
-        return TransientError(why)
-    return RejectedError(why, status)
+    """Map a Kubernetes API HTTP status onto the product's errors (``shared.cloud.errors``, the
+    mapping GKE and Compute Engine share; an expired list continue token's 410 is transient there)."""
+    return from_status(status, f"{what}: HTTP {status} {detail}".strip(), detail)
 
 
 def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str | None = None) -> Any:

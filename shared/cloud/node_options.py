@@ -1,7 +1,7 @@
 """The node options of a TPU pool that come from settings, set on the ``container_v1.NodePool``.
 
 Boot disk encryption key, secondary boot disks, Shielded VM options, surge upgrade settings and
-additional node networks (README "Settings"). Kept apart from ``shared.cloud.gke`` so the adapter's
+additional node networks (docs/settings.md). Kept apart from ``shared.cloud.gke`` so the adapter's
 request building stays small; like it, the Google client is imported only when a pool is built.
 """
 

@@ -64,6 +64,7 @@ _BUILTIN_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("", "Pod", "pods", True),
     ResourceKind("", "Node", "nodes", False),
     ResourceKind("", "Event", "events", True),
+    ResourceKind("batch", "Job", "jobs", True),
     ResourceKind("apps", "Deployment", "deployments", True),
     ResourceKind("rbac.authorization.k8s.io", "Role", "roles", True),
     ResourceKind("rbac.authorization.k8s.io", "RoleBinding", "rolebindings", True),

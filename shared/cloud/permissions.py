@@ -47,6 +47,10 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     "KubeAPI.list_nodes": ("container.nodes.list",),
     "KubeAPI.set_unschedulable": ("container.nodes.update",),  # PATCH of the node (cordon)
     "KubeAPI.get_jobset": ("container.thirdPartyObjects.get",),
+    "KubeAPI.get_job": ("container.jobs.get",),
+    "KubeAPI.get_namespace_labels": (
+        "container.namespaces.get",
+    ),  # batch/v1 Jobs: GKE's IAM names them "jobs"
     "KubeAPI.list_jobsets": ("container.thirdPartyObjects.list",),
     "KubeAPI.annotate_jobset": ("container.thirdPartyObjects.update",),  # PATCH (failure record)
     # POST the Event; a repeat meets 409, is read back and its count PATCHed.

@@ -20,6 +20,10 @@ from shared.tpu.nodepools import (
 
 if TYPE_CHECKING:
     from shared.cloud.objects import KindRegistry
+    from shared.tpu.jobsets import JobSet
+    from shared.tpu.nodes import Node
+    from shared.tpu.owners import Job
+    from shared.tpu.pods import Pod
 
 
 class NodePoolAPI(Protocol):
@@ -88,8 +92,8 @@ class WorkloadPolicyAPI(Protocol):
 class KubeAPI(Protocol):
     """The Kubernetes calls the provision/release/reconcile services make. Objects are JSON dicts."""
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        """One pod. Raises NotFoundError."""
+    def get_pod(self, namespace: str, name: str) -> Pod:
+        """One pod, parsed at the adapter into the view every decision reads. Raises NotFoundError."""
         ...
 
     def list_pods(
@@ -99,7 +103,7 @@ class KubeAPI(Protocol):
         e.g. ``spec.nodeName=N,status.phase!=Succeeded``)."""
         ...
 
-    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+    def list_nodes(self, label_selector: str = "") -> list[Node]:
         """Nodes, optionally filtered by a label selector (e.g. ``cloud.google.com/gke-nodepool=P``)."""
         ...
 
@@ -108,11 +112,21 @@ class KubeAPI(Protocol):
         annotation saying why, an uncordon removes it. Raises NotFoundError for a missing node."""
         ...
 
-    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
-        """One JobSet. Raises NotFoundError."""
+    def get_jobset(self, namespace: str, name: str) -> JobSet:
+        """One JobSet, parsed at the adapter. Raises NotFoundError."""
         ...
 
-    def list_jobsets(self, namespace: str | None = None) -> list[dict[str, Any]]:
+    def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """A Namespace's labels (the cluster administrator's, which TENANTS ``label:`` entries
+        match). Raises NotFoundError."""
+        ...
+
+    def get_job(self, namespace: str, name: str) -> Job:
+        """One batch/v1 Job (who controls it: a pod's place in its JobSet is checked through it).
+        Raises NotFoundError."""
+        ...
+
+    def list_jobsets(self, namespace: str | None = None) -> list[JobSet]:
         """JobSets, optionally in one namespace."""
         ...
 
@@ -123,7 +137,7 @@ class KubeAPI(Protocol):
         annotations: Mapping[str, str | None],
         resource_version: str,
         why: str,
-    ) -> dict[str, Any]:
+    ) -> JobSet:
         """Set (None: remove) annotations of a JobSet if it still has ``resource_version``; returns the
         JobSet as stored. Raises ConflictError (written since it was read) or NotFoundError."""
         ...

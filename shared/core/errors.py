@@ -41,8 +41,19 @@ class OperationLimitError(TransientError):
     Either the cluster's concurrent-operations quota is used up (HTTP 429 "Too many operations") or
     a conflicting operation runs (HTTP 400 FAILED_PRECONDITION "Cluster is running incompatible
     operation"). Sending more mutations in the same delivery only collects more refusals, so callers
-    stop fanning out and let redelivery continue once operations have finished.
+    stop fanning out and let redelivery continue once operations have finished. ``limit`` is the
+    quota GKE's 429 names ("... hits the concurrent operations quota N"), None when it names none.
     """
+
+    def __init__(self, why: str, limit: int | None = None) -> None:
+        super().__init__(why)
+        self.limit = limit
+
+
+class RequestQuotaError(TransientError):
+    """A Google API refused the call because the project's per-minute request quota is spent (HTTP 429
+    "Quota exceeded for quota metric ..."): other clients share it, so nothing more is sent for a
+    while."""
 
 
 class PermissionDeniedError(TransientError):
@@ -69,6 +80,12 @@ class NotFoundError(PermanentError):
 
 class AlreadyExistsError(PermanentError):
     """The object to create already exists (HTTP 409); creators treat this as success."""
+
+
+class CapacityUnavailableError(PermanentError):
+    """A create was refused because this attempt's capacity is not to be had: a resource quota used up,
+    or the specific reservation it names missing in the zone or full. Retrying the same create cannot
+    succeed sooner: the slice's attempt failed, and it falls back to other capacity or backs off."""
 
 
 class InvalidInputError(PermanentError):

@@ -16,6 +16,31 @@ JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
 JOB_KEY = "jobset.sigs.k8s.io/job-key"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+# JobSet's other exclusive-placement strategy: the Job selects its own nodes by a label a script put on
+# them, and the pod webhook adds no affinity (JobSet v0.10.1 api/jobset/v1alpha2/jobset_types.go).
+NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
+# Set on TPU nodes only by GKE's slice controller (dynamic slicing of tpu7x sub-blocks), never on the
+# nodes of a node pool built by a create call (GKE "Configure TPUs with GKE dynamic slicing").
+TPU_SLICE = "cloud.google.com/gke-tpu-slice"
+# GKE's label (and NoSchedule taint) on the nodes of a queued-provisioning pool, which xpk's --flex
+# selects (xpk src/xpk/core/capacity.py; GKE "Deploy TPUs with queued provisioning").
+QUEUED = "cloud.google.com/gke-queued"
+# GKE's label for the named placement (workload) policy of a node's pool: xpk's tpu7x workloads select
+# it (xpk src/xpk/core/scheduling.py, create_placement_policy_label), as GKE users add
+# it beside a pool created with --placement-policy (GKE "About Ironwood (TPU7x) in GKE").
+PLACEMENT_POLICY_NAME = "cloud.google.com/placement-policy-name"
+# The per-shape slice levels the same controller labels nodes with (cloud.google.com/gke-tpu-slice-2x4-id
+# in xpk's v6e sub-slicing manifests, which Kueue's topology-aware scheduling requires).
+TPU_SLICE_LEVEL_PREFIX = "cloud.google.com/gke-tpu-slice-"
+# A pod annotation giving the shape of a dynamically formed slice (GKE dynamic slicing and
+# super-slicing samples, kubernetes-engine-samples ai-ml/gke-tpu-dynamic-slicing; xpk's
+# sub-slicing and super-slicing workloads): read by GKE's slice controller, never by the scheduler.
+TPU_SLICE_TOPOLOGY = "cloud.google.com/gke-tpu-slice-topology"
+# Kueue's topology-aware scheduling levels a podset must be placed within (Kueue v0.19.2
+# apis/kueue/v1beta2/topology_types.go).
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+HOSTNAME = "kubernetes.io/hostname"
 JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
@@ -58,12 +83,8 @@ HANDED_OVER_FROM = f"{PRODUCT_DOMAIN}/handed-over-from"
 CORDONED = f"{PRODUCT_DOMAIN}/cordoned"
 # JobSet annotation: JSON {pool: {"attempts": K, "failedAt": unix, "recycled": bool, ...}} of the slices
 # GKE could not provision (stockout, quota). The stockout backoff is derived from it; it lives and
-# dies with the JobSet and shows in `kubectl describe jobset` (shared.provisioning.backoff).
+# dies with the JobSet and shows in `kubectl describe jobset` (shared.provisioning.create.backoff).
 SLICE_FAILURES = f"{PRODUCT_DOMAIN}/slice-failures"
-# JobSet annotation: "<state>@<unix seconds>" while the product's Kueue admission check provisions its
-# Workload's slices (state Pending or Ready), refreshed at each look. A suspended JobSet's pools are
-# its own and kept while it is fresh (shared.provisioning.verdicts), whatever SUSPEND_GRACE_SECONDS says.
-ADMISSION_CHECK = f"{PRODUCT_DOMAIN}/admission-check"
 # JobSet annotation: the capacity policy of its slices (shared.tpu.capacity), overriding CAPACITY_POLICY.
 CAPACITY_POLICY = f"{PRODUCT_DOMAIN}/capacity-policy"
 # A pod (label or annotation) or JobSet (annotation) with this set to "true" is left alone.
@@ -71,6 +92,7 @@ OPT_OUT = f"{PRODUCT_DOMAIN}/opt-out"
 # Resource (GCE) labels allow neither dots nor slashes; billing exports group by these.
 RESOURCE_LABEL_MANAGED_BY = "tpuprov-managed-by"
 RESOURCE_LABEL_JOBSET = "tpuprov-jobset"
+RESOURCE_LABEL_NAMESPACE = "tpuprov-namespace"
 
 # --- Kubernetes Event reasons the product records.
 REASON_REQUESTED = "TPUSliceRequested"
@@ -81,8 +103,13 @@ REASON_ADOPTED = "TPUSliceAdopted"
 EVENT_COMPONENT = "tpu-provisioner"
 
 
-def billing_labels(jobset: str) -> dict[str, str]:
-    """The resource (billing) labels of a pool owned by JobSet ``jobset``: set at create, and moved to
-    the new owner when the pool is handed over, so a billing export charges the JobSet that used it.
-    A JobSet name is a DNS-1123 subdomain; resource label values allow no dots and at most 63 chars."""
-    return {RESOURCE_LABEL_MANAGED_BY: MANAGED_BY_VALUE, RESOURCE_LABEL_JOBSET: jobset[:63].replace(".", "-")}
+def billing_labels(namespace: str, jobset: str) -> dict[str, str]:
+    """The resource (billing) labels of a pool owned by JobSet ``namespace/jobset``: set at create,
+    and moved to the new owner when the pool is handed over, so a billing export charges the team
+    (namespace) and JobSet that used it. Both come from the ownership the product verified, never
+    from a label a tenant wrote. Resource label values allow no dots and at most 63 characters."""
+    return {
+        RESOURCE_LABEL_MANAGED_BY: MANAGED_BY_VALUE,
+        RESOURCE_LABEL_NAMESPACE: namespace[:63],
+        RESOURCE_LABEL_JOBSET: jobset[:63].replace(".", "-"),
+    }

@@ -88,7 +88,10 @@ def pool_name(slice_id: SliceId) -> str:
             str(slice_id.job_index),
         )
     )
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    # 64 bits of the identity: a 32-bit digest can be matched offline (2^32 tries), so a tenant could
+    # craft a slice whose pool name is another team's. Pools named with the earlier 8-digit digest
+    # are still found by their owner labels (shared.provisioning.provisioner._slice_pool).
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     tail = f"-{slice_id.job_index}-{digest}"
     room = POOL_NAME_MAX - len("tpu-") - len(tail)
     jobset = _slug(slice_id.jobset)
@@ -107,7 +110,7 @@ def pool_name(slice_id: SliceId) -> str:
 
 
 # The product's own workload policies (tpu7x multi-host placement) start with this; see
-# ``shared.provisioning.policies``. Compute Engine resource names are RFC 1035 labels of <= 63 chars
+# ``shared.provisioning.create.policies``. Compute Engine resource names are RFC 1035 labels of <= 63 chars
 # (google-cloud-compute ``ResourcePolicy.name`` docstring).
 WORKLOAD_POLICY_PREFIX = "tpuprov-tpu7x-"
 

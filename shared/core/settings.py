@@ -7,12 +7,14 @@ service below receives the ``Settings`` object, so nothing else reads ``os.envir
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from shared.core.errors import InvalidInputError
+from shared.core.names import is_dns1123_label, label_key_problem, label_value_problem
 
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # The node boot disk types GKE offers (GKE "Configuring a custom boot disk"). Which of them a TPU
@@ -21,6 +23,9 @@ BOOT_DISK_TYPES = ("pd-balanced", "pd-standard", "pd-ssd", "hyperdisk-balanced")
 # How production reaches the cluster's API server (shared.cloud.endpoint): "auto" picks from the
 # cluster's own controlPlaneEndpointsConfig; the others force one of its endpoints.
 CONTROL_PLANE_ENDPOINTS = ("auto", "dns", "private-ip", "public-ip")
+# What setup_cluster does with a newer JobSet or Kueue it finds (shared.setup.support, which cannot
+# be imported here: shared.setup depends on this module).
+ADDON_UPGRADE_MODES = ("keep-newer", "pinned")
 
 
 def _bool(raw: str, name: str) -> bool:
@@ -55,13 +60,121 @@ _DISK_IMAGE = re.compile(r"^projects/[^/]+/global/images/[^/]+$")
 _KMS_KEY = re.compile(r"^projects/[^/]+/locations/[^/]+/keyRings/[^/]+/cryptoKeys/[^/]+$")
 
 
+# Label domains no tenant's selector may turn into a node label of a pool: the product's own
+# (ownership), GKE's (cloud.google.com, and gke.io with every subdomain such as node.gke.io or
+# sandbox.gke.io, which GKE's own node features read: gVisor sandboxing selects
+# sandbox.gke.io/runtime) and Kubernetes core's (kubernetes.io, k8s.io and their subdomains).
+RESERVED_LABEL_DOMAINS = ("tpuprov.dev", "cloud.google.com", "gke.io", "kubernetes.io", "k8s.io")
+
+
+def reserved_label_domain(domain: str) -> bool:
+    """Whether keys under ``domain`` are reserved (the domain itself or any subdomain of one)."""
+    return any(domain == d or domain.endswith(f".{d}") for d in RESERVED_LABEL_DOMAINS)
+
+
 def _list(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
 
+# A cluster path as GKE's API names it (the product's own form; zonal clusters use a zone as L).
+_CLUSTER_PATH = re.compile(r"^projects/[^/\s]+/locations/[^/\s]+/clusters/[^/\s]+$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Compute Engine reservation names are RFC 1035 labels; a shared one is named with its owner project
+# (the same forms shared.tpu.capacity accepts in CAPACITY_POLICY).
+_RESERVATION = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SHARED_RESERVATION = re.compile(
+    r"^projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+)
+TENANT_KEYS = ("chips", "reservations")
+# TENANTS is operator input that ends up in error text: keep what is quoted back short.
+_QUOTE_MAX = 80
+
+
+def _quote(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, str) else repr(value)
+    return text if len(text) <= _QUOTE_MAX else text[: _QUOTE_MAX - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class TenantEntry:
+    """One TENANTS entry: whose spending it states and the limits stated for it.
+
+    ``key`` is a namespace, ``*`` (every namespace no other entry names) or ``label:KEY=VALUE`` (the
+    namespaces carrying that label). ``chips`` None and ``reservations`` None mean the entry leaves
+    that limit unstated (omitted, or null as Terraform's jsonencode writes an unset optional field).
+    """
+
+    key: str
+    chips: int | None = None
+    reservations: tuple[str, ...] | None = None
+
+    @property
+    def label(self) -> tuple[str, str] | None:
+        """(key, value) of a ``label:KEY=VALUE`` entry, None for a namespace or ``*``."""
+        if not self.key.startswith("label:"):
+            return None
+        key, _, value = self.key[len("label:") :].partition("=")
+        return key, value
+
+
+def _tenant_key_problem(key: str) -> str:
+    if key == "*" or is_dns1123_label(key):
+        return ""
+    if key.startswith("label:"):
+        selector = key[len("label:") :]
+        label, sep, value = selector.partition("=")
+        if not sep:
+            return "a label entry is label:KEY=VALUE"
+        return label_key_problem(label) or label_value_problem(value)
+    return "the key is a namespace (DNS-1123 label), * or label:KEY=VALUE"
+
+
+def parse_tenants(raw: str) -> tuple[TenantEntry, ...]:
+    """TENANTS (a JSON object) as entries in key order; InvalidInputError names the bad entry."""
+    if not raw.strip():
+        return ()
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidInputError("setting TENANTS is not JSON (a JSON object of tenant entries)") from None
+    if not isinstance(doc, dict):
+        raise InvalidInputError(f"setting TENANTS must be a JSON object, not a JSON {type(doc).__name__}")
+    entries = []
+    for key in sorted(doc):
+        where = f"setting TENANTS[{_quote(key)}]"
+        problem = _tenant_key_problem(key)
+        if problem:
+            raise InvalidInputError(f"{where}: {problem}")
+        value = doc[key]
+        if not isinstance(value, dict):
+            raise InvalidInputError(f"{where} must be an object with chips and/or reservations")
+        unknown = sorted(set(value) - set(TENANT_KEYS))
+        if unknown:
+            raise InvalidInputError(
+                f"{where}: unknown field {_quote(unknown[0])} (allowed: {', '.join(TENANT_KEYS)})"
+            )
+        chips = value.get("chips")
+        if chips is not None and (not isinstance(chips, int) or isinstance(chips, bool) or chips < 0):
+            raise InvalidInputError(f"{where}.chips: {_quote(chips)} is not a whole number >= 0")
+        reservations = value.get("reservations")
+        if reservations is not None:
+            if not isinstance(reservations, list):
+                raise InvalidInputError(f"{where}.reservations must be a list of reservation names")
+            for item in reservations:
+                if not isinstance(item, str) or not (
+                    _RESERVATION.match(item) or _SHARED_RESERVATION.match(item)
+                ):
+                    raise InvalidInputError(
+                        f"{where}.reservations: {_quote(item)} is not a reservation name "
+                        "(or projects/PROJECT/reservations/NAME)"
+                    )
+        entries.append(TenantEntry(key, chips, tuple(reservations) if reservations is not None else None))
+    return tuple(entries)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Everything the functions can be configured with; see README "Settings" for the env names."""
+    """Everything the functions can be configured with; see docs/settings.md for the env names."""
 
     # Which cluster this deployment manages. Events from other clusters are acknowledged and dropped.
     project_id: str = ""
@@ -77,10 +190,13 @@ class Settings:
     # Bearer token sent to the *_API_ENDPOINT emulators, which authorize it like Google's front ends
     # (the sandbox gives each function its own). Production ignores it: ADC names the caller there.
     emulator_access_token: str = ""
-    control_plane_endpoint: str = "auto"  # one of CONTROL_PLANE_ENDPOINTS (README "Reaching the cluster")
+    control_plane_endpoint: str = "auto"  # one of CONTROL_PLANE_ENDPOINTS (docs/deploy.md)
 
     # Event handling.
     max_event_age_seconds: int = 900
+    # An object (pod, Workload, JobSet, node pool operation) decided this recently is answered from
+    # that decision, with no API call: duplicates and forged log entries cost nothing (0 = off).
+    event_coalesce_seconds: int = 5
 
     # Node pool shape defaults.
     node_locations: tuple[str, ...] = ()  # zone(s) for TPU pools; default: the cluster's zone
@@ -118,14 +234,31 @@ class Settings:
     # at startup; a pod's selectors win over a copied label of the same key.
     copy_pod_labels: tuple[str, ...] = ()
     # Named workload policy for multi-host tpu7x slices ("{topology}" -> e.g. 2-2-2). Empty: the
-    # product creates one per topology itself (shared.provisioning.policies); set, it creates none.
+    # product creates one per topology itself (shared.provisioning.create.policies); set, it creates none.
     tpu7x_workload_policy: str = ""
 
     # Guardrails.
     namespace_allowlist: tuple[str, ...] = ()  # empty = every namespace
     allowed_accelerators: tuple[str, ...] = ()  # empty = every accelerator in the catalog
     max_chips_per_slice: int = 4096
+    # TPU VMs one JobSet may declare (replicas x VMs per slice over its replicated jobs); more is
+    # refused before anything is bought. Default: GKE's largest cluster (65,000 nodes), which no
+    # JobSet can outgrow and still run.
+    max_vms_per_jobset: int = 65000
+    # Pod selector keys that may become node labels of a pool (exact keys, or prefixes ending in
+    # "/"): a tenant's selector is otherwise refused, so nobody can stamp labels other workloads
+    # select or bill by onto a pool. Keys under GKE's and Kubernetes' domains are never allowed.
+    node_label_keys: tuple[str, ...] = ()
     chip_budget: int = 0  # total chips over all managed pools; 0 = unlimited
+    # Who may spend what (a JSON object; see parse_tenants): keys are namespaces, "*" or
+    # "label:KEY=VALUE", values {"chips": N, "reservations": [...]}. Parsed and checked at startup;
+    # the provisioner enforces it. "" = no per-tenant statement.
+    tenants: str = ""
+    # true: pools are made only for Workloads Kueue admitted (the quota is Kueue's ClusterQueues').
+    kueue_only: bool = False
+    # true: the operator states on purpose that spending is not limited here (infra refuses to
+    # deploy without one of CHIP_BUDGET, TENANTS, KUEUE_ONLY or this).
+    unlimited_spending: bool = False
     drain: bool = False  # true: never create, only clean up
     # true: every slice gets on-demand VMs whatever capacity policy applies; pods that select Spot,
     # flex-start or a reservation are refused (they could never land on on-demand nodes).
@@ -135,10 +268,10 @@ class Settings:
     # anew; false: drift is only reported (tpuprov status, the provision decision line).
     replace_drifted_pools: bool = False
 
-    # Fan-out and deadlines (see README "Performance"). GKE runs a limited number of node-pool
+    # Fan-out and deadlines (see docs/performance.md). GKE runs a limited number of node-pool
     # operations per cluster at once and answers 429/400 beyond it. A fan-out sends this many creates
     # at once first, widens while GKE accepts them (up to CREATE_CONCURRENCY_MAX), narrows and stops
-    # at the first such answer (redelivery continues); shared.provisioning.slots keeps the account.
+    # at the first such answer (redelivery continues); shared.provisioning.create.slots keeps the account.
     create_concurrency: int = 8
     # The widest a fan-out grows: threads and HTTP connections of one instance.
     create_concurrency_max: int = 64
@@ -163,7 +296,7 @@ class Settings:
     # Keep an idle pool this long for a waiting JobSet of exactly its shape before deleting it.
     idle_pool_seconds: int = 120
 
-    # Stockouts and quota (see README "Stockouts"): a slice GKE could not provision is retried after
+    # Stockouts and quota (docs/functions.md): a slice GKE could not provision is retried after
     # STOCKOUT_BACKOFF_SECONDS, doubling per failed attempt up to STOCKOUT_BACKOFF_MAX_SECONDS (the
     # cluster autoscaler's node-group backoff: 5 min doubling to 30 min). 0 retries at the next sweep.
     stockout_backoff_seconds: int = 300
@@ -177,6 +310,13 @@ class Settings:
     kueue_config_path: str = ""
     jobset_version: str = "v0.10.1"
     kueue_version: str = "v0.19.2"
+    # Expected sha256 of the JobSet / Kueue release file in MANIFESTS_DIR. "" = the hash pinned in
+    # shared.setup.manifests for that version (a version without one is refused until it is given).
+    jobset_sha256: str = ""
+    kueue_sha256: str = ""
+    # Clusters besides the managed one that setup_cluster may install JobSet and Kueue on (cluster
+    # paths, comma-separated); a setup message naming any other cluster is acknowledged and ignored.
+    setup_clusters: tuple[str, ...] = ()
     # The Kueue AdmissionCheck whose controller this product is (controllerName tpuprov.dev/tpu-slices):
     # Workloads of ClusterQueues using it get all their slices before Kueue admits them.
     admission_check_name: str = "tpu-slices"
@@ -184,6 +324,10 @@ class Settings:
     setup_timeout_seconds: int = 280
     setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
     setup_poll_interval_ms: int = 2000  # poll period of the waits, first backoff of retries
+    # What setup_cluster does with a JobSet or Kueue already on the cluster that is newer than the
+    # pinned release (shared.setup.support): "keep-newer" leaves it alone, "pinned" replaces it with
+    # the pinned release. An older one is upgraded in place either way.
+    addon_upgrade: str = "keep-newer"
 
     def __post_init__(self) -> None:
         # A misspelled endpoint mode or disk type would fail every call; say so at startup instead.
@@ -202,14 +346,19 @@ class Settings:
                 f"setting STOCKOUT_BACKOFF_MAX_SECONDS={self.stockout_backoff_max_seconds} must be >= "
                 f"STOCKOUT_BACKOFF_SECONDS={self.stockout_backoff_seconds}"
             )
+        for entry in self.node_label_keys:
+            # Same rule as COPY_POD_LABELS: GKE refuses these domains as node labels, and the
+            # product's own keys are its ownership record.
+            domain = entry.split("/", 1)[0] if "/" in entry else ""
+            if reserved_label_domain(domain):
+                raise InvalidInputError(
+                    f"setting NODE_LABEL_KEYS entry {entry!r}: keys under {domain}/ cannot be node labels"
+                )
         for entry in self.copy_pod_labels:
             # The product's ownership keys, and GKE's and Kubernetes' domains (GKE refuses those as
             # node labels; shared.tpu.selectors holds the rule), cannot be copied.
             domain = entry.split("/", 1)[0] if "/" in entry else ""
-            reserved = domain in ("cloud.google.com", "tpuprov.dev") or any(
-                domain == d or domain.endswith(f".{d}") for d in ("kubernetes.io", "k8s.io")
-            )
-            if reserved:
+            if reserved_label_domain(domain):
                 raise InvalidInputError(
                     f"setting COPY_POD_LABELS entry {entry!r}: keys under {domain}/ cannot be node labels"
                 )
@@ -244,15 +393,34 @@ class Settings:
             raise InvalidInputError(
                 f"setting MAX_PODS_PER_NODE={self.max_pods_per_node} must be 0 (GKE's default) or 8..256"
             )
+        parse_tenants(self.tenants)  # raises on a bad entry, naming it
+        for name in ("jobset_sha256", "kueue_sha256"):
+            value = getattr(self, name)
+            if value and not _SHA256.match(value):
+                raise InvalidInputError(
+                    f"setting {name.upper()}={_quote(value)} is not a sha256 (64 lower-case hex digits)"
+                )
+        for entry in self.setup_clusters:
+            if not _CLUSTER_PATH.match(entry):
+                raise InvalidInputError(
+                    f"setting SETUP_CLUSTERS entry {_quote(entry)} is not "
+                    "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
+                )
         for name in (
             "create_concurrency",
             "create_concurrency_max",
             "gke_requests_per_minute",
             "request_deadline_seconds",
             "kube_list_page_size",
+            "max_vms_per_jobset",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
+        if self.addon_upgrade not in ADDON_UPGRADE_MODES:
+            raise InvalidInputError(
+                f"setting ADDON_UPGRADE={_quote(self.addon_upgrade)} is not one of "
+                f"{', '.join(ADDON_UPGRADE_MODES)}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -298,6 +466,22 @@ class Settings:
     def cluster_path(self) -> str:
         """The GKE resource name of the managed cluster."""
         return f"projects/{self.project_id}/locations/{self.location}/clusters/{self.cluster_name}"
+
+    @property
+    def setup_cluster_paths(self) -> tuple[str, ...]:
+        """The clusters setup_cluster may install on: the managed one, then SETUP_CLUSTERS."""
+        return tuple(dict.fromkeys((self.cluster_path, *self.setup_clusters)))
+
+    @property
+    def tenant_entries(self) -> tuple[TenantEntry, ...]:
+        """TENANTS parsed (validated at construction), in key order."""
+        return parse_tenants(self.tenants)
+
+    @property
+    def spending_stated(self) -> bool:
+        """Whether the deployment says how much it may spend: a chip budget, tenant entries,
+        Kueue-only provisioning, or unlimited spending stated on purpose."""
+        return bool(self.chip_budget > 0 or self.tenant_entries or self.kueue_only or self.unlimited_spending)
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with some fields replaced (tests and the sandbox use this)."""

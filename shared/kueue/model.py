@@ -32,7 +32,7 @@ MAX_DESCRIPTION = 2048
 TOP_KEYS = ("flavors", "clusterQueues", "localQueues", "priorityClasses")
 FLAVOR_KEYS = ("name", "accelerator", "topology", "nodeLabels", "spot")
 CQ_KEYS = ("name", "queueingStrategy", "cohort", "preemption", "quota", "namespaces", "tpuSlicesCheck")
-# The product's admission check (shared.provisioning.admission_check): its AdmissionCheck's name
+# The product's admission check (shared.provisioning.admission.check): its AdmissionCheck's name
 # (the ADMISSION_CHECK_NAME setting's default) and its controllerName.
 TPU_SLICES_CHECK = "tpu-slices"
 TPU_SLICES_CONTROLLER = f"{labels.PRODUCT_DOMAIN}/tpu-slices"

@@ -1,9 +1,13 @@
 """The provision service: from "this pod is unschedulable" to exactly one TPU node pool per slice.
 
-Reads at most two things per event (the pod, the cluster's node pools; for a pod bound by then, the
-pod and the managed Nodes, plus what adopting a handed-over pool takes: see ``handover``), never
-waits for GKE's operation, and relies on the deterministic pool name so that duplicates and
-concurrent instances converge: a 409 on create is success.
+Per event it reads the pod, then answers from what is known when it can: a pod no Job controls is
+refused at once, a slice whose pool this instance saw recently costs nothing more, one whose pool
+the cluster's listing shows costs that listing. Only before spending or deleting does it read the
+pod's Job and JobSet (two reads per slice group, ``shared.provisioning.tenancy.ownership``); for a pod bound
+by then it reads the managed Nodes, plus what adopting a handed-over pool takes (``handover``). It
+never waits for GKE's operation, and relies on the deterministic pool name so that duplicates and
+concurrent instances converge: a 409 on create is success. The creates themselves go through the
+instance's engine (``shared.provisioning.create.engine``).
 """
 
 from __future__ import annotations
@@ -12,38 +16,37 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.cloud.retry import Budget
 from shared.core import labels, logs
 from shared.core.errors import (
-    AlreadyExistsError,
     NotEligible,
     NotFoundError,
     Refused,
-    RejectedError,
     TransientError,
 )
 from shared.core.settings import Settings
-from shared.provisioning import backoff, slots
-from shared.provisioning.fallback import Attempts, Fallback
-from shared.provisioning.groups import Create, Group, Specs, deferral, group_incomplete
-from shared.provisioning.guardrails import guardrail, label_problem, managed_chips, over_chip_budget
-from shared.provisioning.handover import Handover
-from shared.provisioning.known import KnownPools, group_of
+from shared.provisioning.create import backoff
+from shared.provisioning.create.engine import SliceGroupEngine
+from shared.provisioning.create.fallback import Attempts
+from shared.provisioning.create.groups import Create, Group, Specs, deferral, group_incomplete
+from shared.provisioning.create.known import group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, logged
-from shared.provisioning.policies import WorkloadPolicies
-from shared.provisioning.refit import Refit
-from shared.tpu import selectors
-from shared.tpu.jobsets import jobset_problem, jobset_ref, replicas_of
+from shared.provisioning.release.handover import Handover
+from shared.provisioning.release.refit import Refit
+from shared.provisioning.services import Services
+from shared.provisioning.tenancy.guardrails import guardrail, label_problem
+from shared.tpu import drift, owners, selectors
+from shared.tpu.jobsets import JobSet, jobset_problem, jobset_ref
 from shared.tpu.nodepools import (
     STATUS_ERROR,
     STATUS_PROVISIONING,
     STATUS_STOPPING,
     ClusterInfo,
     NodePoolInfo,
+    NodePoolSpec,
 )
 from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest, slice_request
@@ -54,39 +57,29 @@ log = logs.get("provision")
 class Provisioner:
     """Turns pending TPU pods into node-pool create requests, within the guardrails."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        gke: NodePoolAPI,
-        kube: KubeAPI,
-        known_pool_ttl: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        policies: WorkloadPolicies | None = None,
-    ) -> None:
-        """``known_pool_ttl`` > 0 lets the instance skip the listing for pools it saw that recently;
-        ``wall_clock`` (Unix seconds) times the stockout backoff; ``policies`` creates the product's
-        tpu7x workload policies (None: pools name them and GKE must find them already there)."""
-        self.settings = settings
-        self.policies = policies
-        self.gke = gke
-        self.kube = kube
-        self.known_pools = KnownPools(known_pool_ttl, clock)
-        self._clock = clock
-        self.backoff = backoff.Backoff(settings, kube, wall_clock)
-        self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster)
-        self.refit = Refit(settings, gke, kube)
-        self.handover = Handover(settings, gke, kube)
-        self._cluster: ClusterInfo | None = None
-        # GKE's operation slots and API quota: what this instance learnt (only a hint) and resume.
-        self.slots = slots.Slots(settings, gke, kube, self.known_pools, self.provision_pod, clock=clock)
+    def __init__(self, services: Services) -> None:
+        """``services``: the instance's one service graph (``shared.provisioning.services``), the
+        same the admission check, release and reconcile use: one slot and quota account, one
+        backoff and fallback record, one memory of known pools."""
+        self.services = services
+        self.settings = services.settings
+        self.gke = services.gke
+        self.kube = services.kube
+        self.policies = services.policies
+        self.known_pools = services.known_pools
+        self._clock = services.clock
+        self.backoff = services.backoff
+        self.fallback = services.fallback
+        self.owners = services.owners
+        self.spending = services.spending
+        # GKE's operation slots and API quota: the instance's one account (only a hint).
+        self.slots = services.slots
+        self.refit = Refit(self.settings, self.gke, self.kube)
+        self.handover = Handover(self.settings, self.gke, self.kube, services.releaser)
 
     def cluster(self) -> ClusterInfo:
         """The managed cluster (zones, release channel), read from GKE once per instance."""
-        if self._cluster is None:
-            # A failed read raises (TransientError -> redelivery); nothing is cached until one succeeds.
-            self._cluster = self.gke.get_cluster(self.settings.cluster_path)
-        return self._cluster
+        return self.services.cluster()
 
     # -- entry points -----------------------------------------------------------------------------
 
@@ -125,6 +118,11 @@ class Provisioner:
         except Refused as exc:
             return self._refuse(pod, exc.why, "")
         slice_desc = request.slice_id.describe()
+        unowned = owners.controller_problem(pod.controller)
+        if unowned:
+            # No Job made this pod, whatever its labels say: refused before any read (a forged pod
+            # costs no GKE listing).
+            return self._refuse(pod, f"nothing is provisioned for it: {unowned}", slice_desc)
         specs = Specs(self.settings, self.cluster())
         try:
             spec, shape = specs.of(request)
@@ -148,80 +146,111 @@ class Provisioner:
     def _request(
         self,
         pod: Pod,
-        request: SliceRequest,
+        claim: SliceRequest,
         specs: Specs,
         slice_desc: str,
         pools: list[NodePoolInfo],
     ) -> Outcome:
-        """Create the slice's pool and its siblings unless listed, within the chip budget."""
-        spec, shape = specs.of(request)  # the pod's own choice, built by the caller
-        budget = Budget(self.settings.request_deadline_seconds, clock=self._clock)
+        """Create the slice's pool and its siblings unless listed, within the budgets.
+
+        ``claim`` is the slice as the pod's own labels and selectors describe it: enough to answer
+        from the listing that its pool exists (nothing is spent or deleted on the pod's word). Every
+        other step (a create, a refit, a recycle) first proves the pod is its JobSet's own and then
+        works on the slice the JobSet declares (``shared.provisioning.tenancy.ownership``).
+        """
+        spec, _ = specs.of(claim)  # the pod's own choice, built by the caller
         pools = list(pools)  # extended with what this call creates; the caller's listing stays as given
-        existing = next((p for p in pools if p.name == spec.name), None)
+        existing = _slice_pool(claim, spec.name, pools)
+        if existing is not None and existing.status not in (STATUS_ERROR, STATUS_STOPPING):
+            fits = not selectors.misfit(claim.selected, existing, spec)
+            drift_due = self.settings.replace_drifted_pools and drift_of(existing, spec)
+            if fits and not drift_due and not group_incomplete(pod, claim, pools):
+                self.known_pools.remember(existing.name)
+                why = f"pool {existing.name} already exists ({existing.status})"
+                why += _drift_note(existing, spec, self.settings)
+                return logged(Outcome(EXISTS, why, existing.name, slice_desc))
+        if self.free_slots(pools) == 0 and (existing is None or existing.status != STATUS_ERROR):
+            # Every operation slot is taken: nothing could be sent. Acknowledge cheaply (no reads)
+            # and let the next finished operation resume the group.
+            why = f"waiting for a GKE operation slot (all {self.operation_limit} in use)"
+            return logged(Outcome(WAITING, why, spec.name, slice_desc))
+        # About to spend money or delete a pool: the pod must be its JobSet's own (Job -> JobSet by
+        # uid), and the JobSet's spec (not the pod) says what its slice is. Two reads per slice group.
+        try:
+            owned = self.owners.of_pod(pod)
+        except NotEligible as exc:
+            return logged(Outcome(SKIPPED, f"pod {pod.key}: {exc.why}", "", slice_desc))
+        except Refused as exc:
+            return self._refuse(pod, exc.why, slice_desc, spec.name)
+        request, jobset = owned.request, owned.jobset
+        slice_desc = request.slice_id.describe()
+        problem = jobset_problem(jobset, request.slice_id)
+        if problem:
+            return self._refuse(pod, problem, slice_desc, spec.name, jobset)
+        try:
+            spec, shape = specs.of(request)
+            # The pool is the JobSet's; the pod must still be able to land on it.
+            selectors.check(pod.selected, spec, shape.topology)
+        except Refused as exc:
+            return self._refuse(pod, exc.why, slice_desc, spec.name, jobset)
+        refusal = (
+            label_problem(spec)
+            or guardrail(self.settings, request, shape.total_chips)
+            or self.spending.kueue_refusal(jobset, request.slice_id.replicated_job)
+        )
+        if refusal:
+            return self._refuse(pod, refusal, slice_desc, spec.name, jobset)
+        budget = Budget(self.settings.request_deadline_seconds, clock=self._clock)
+        existing = _slice_pool(request, spec.name, pools)
         misfit = selectors.misfit(request.selected, existing, spec) if existing is not None else ""
         if existing is not None and misfit and existing.status not in (STATUS_ERROR, STATUS_STOPPING):
-            self.known_pools.forget(spec.name)  # found by name, but the pod could never land on it
+            self.known_pools.forget(existing.name)  # found, but the pod could never land on it
             return self.refit.handle(pod, request, existing, misfit, slice_desc)
         replaced, drifted = self.refit.for_drift(pod, request, existing, spec, slice_desc)
         if replaced is not None:
             self.known_pools.forget(spec.name)
             return replaced
         if existing is not None:
-            why = f"pool {spec.name} already exists ({existing.status})"
+            why = f"pool {existing.name} already exists ({existing.status})"
             why += drifted
             settled = existing.status in (STATUS_ERROR, STATUS_STOPPING)
             if settled:
-                self.known_pools.forget(spec.name)  # on its way out: the next event must list again
+                self.known_pools.forget(existing.name)  # on its way out: the next event must list again
             else:
-                self.known_pools.remember(spec.name)
+                self.known_pools.remember(existing.name)
             if existing.status == STATUS_ERROR:
                 failure = self.fallback.report(request, existing)
                 if failure is not None and failure.next:
                     why += f"; deleted to fall back to {failure.next}"
                 else:
                     why += "; reconcile recycles it once its stockout backoff is over"
-            if settled or not group_incomplete(pod, request, pools):
-                return logged(Outcome(EXISTS, why, spec.name, slice_desc))
-            # The pod's own pool exists but its replicated job claims more slices than are listed: an
-            # earlier fan-out stopped at GKE's operation limit or the deadline. Finish it (the JobSet
-            # read below decides, not the pod's claim).
-        if self.free_slots(pools) == 0:
-            # Every operation slot is taken: nothing could be sent. Acknowledge cheaply (no JobSet read)
-            # and let the next finished operation resume the group.
-            why = f"waiting for a GKE operation slot (all {self.operation_limit} in use)"
-            return logged(Outcome(WAITING, why, spec.name, slice_desc))
-        # About to spend money: the JobSet itself (not the pod's claims) decides. This read happens
-        # once per slice group, not per event.
-        try:
-            jobset = self.kube.get_jobset(request.slice_id.namespace, request.slice_id.jobset)
-        except NotFoundError:
-            return logged(Outcome(SKIPPED, f"JobSet of {slice_desc} does not exist", spec.name, slice_desc))
-        problem = jobset_problem(jobset, request.slice_id)
-        if problem:
-            return self._refuse(pod, problem, slice_desc, spec.name)
-        failures = backoff.failures(jobset)
+            if settled or not _siblings_missing(request, owned.replicated_job.replicas, pools):
+                return logged(Outcome(EXISTS, why, existing.name, slice_desc))
+            # The pod's own pool exists but its replicated job declares more slices than are listed:
+            # an earlier fan-out stopped at GKE's operation limit or the deadline. Finish it.
+        failures = backoff.failures(jobset, self.backoff.clock())
         held = self.fallback.held(failures)
         if existing is None and spec.name in held:
             return logged(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
         try:  # each attempt's capacity: the policy's first option, or the recorded fallback
             attempts = Attempts(self.fallback.options(request, jobset), failures)
         except Refused as exc:
-            return self._refuse(pod, exc.why, slice_desc, spec.name)
+            return self._refuse(pod, exc.why, slice_desc, spec.name, jobset)
         spec, _ = specs.of(request, attempts.option(spec.name))  # the own spec again when it is that option
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
         wanted: list[Create] = [] if existing is not None else [Create.of(request, spec, shape)]
         # Slices backing off after a stockout or quota failure wait too (reconcile retries them).
-        listed = {p.name for p in pools}  # one set, not a scan per sibling (groups of hundreds)
-        for index in range(replicas_of(jobset, request.slice_id.replicated_job)):
+        listed = _listed_slices(pools)  # one set, not a scan per sibling (groups of hundreds)
+        for index in range(owned.replicated_job.replicas):
             if index == request.slice_id.job_index:
                 continue
             sibling = dataclasses.replace(
                 request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
             )
             name = sibling.pool_name
-            if name in listed or name in held or self.known_pools.known(name):
+            if name in listed or _identity(sibling) in listed or name in held or self.known_pools.known(name):
                 continue
             sibling_spec, _ = specs.of(sibling, attempts.option(name))
             wanted.append(Create.of(sibling, sibling_spec, shape))
@@ -239,90 +268,56 @@ class Provisioner:
         return dataclasses.replace(outcome, requested=created)
 
     def _create_all(self, group: Group) -> list[Outcome]:
-        """Create the wanted pools within the chip budget, ``CREATE_CONCURRENCY`` at a time.
+        """Create the wanted pools through the instance's engine (budgets, slots, fan-out, fallback);
+        the pod's outcome per pool.
 
         Raises OperationLimitError / TransientError after recording what GKE accepted when some
         creates could not be made in this delivery; the redelivery (or any pod of a missing slice)
         requests the rest.
         """
+        engine: SliceGroupEngine = self.services.engine
         outcomes: dict[str, Outcome] = {}
-        sendable: list[Create] = []
-        chips = group.shape.total_chips
-        in_use = managed_chips(group.pools) if self.settings.chip_budget else 0
-        for item in group.wanted:
-            over = over_chip_budget(self.settings, in_use, chips)
-            if over:
-                outcomes[item.spec.name] = self._refuse(group.pod, over, item.slice_desc, item.spec.name)
-                continue
-            in_use += chips  # reserved before sending, so concurrent creates cannot overshoot
-            sendable.append(item)
-
-        free = self.free_slots(group.pools)
-        if free is not None and self.operation_limit is not None and free < len(sendable):
-            # No point asking GKE for more operations than it runs at once: the rest waits for a
-            # finished operation (its audit entry resumes provisioning) instead of collecting 429s.
+        charged = engine.charge(group.request.slice_id.namespace, group.wanted, group.pools)
+        for item, why in charged.refused:
+            outcomes[item.spec.name] = self._refuse(
+                group.pod, why, item.slice_desc, item.spec.name, group.jobset
+            )
+        sent = engine.send(
+            group.jobset, charged.allowed, group.pools, group.budget, charged.account, [group.pod.ref()]
+        )
+        if sent.waiting:
             why = (
-                f"waiting for a GKE operation slot: {slots.busy(group.pools)} of "
-                f"{self.operation_limit} in use; a finished node-pool operation resumes it"
+                f"waiting for a GKE operation slot: {sent.busy} of {sent.slot_limit} in use; a finished "
+                "node-pool operation resumes it"
             )
-            for item in sendable[free:]:
+            for item in sent.waiting:
                 outcomes[item.spec.name] = Outcome(WAITING, why, item.spec.name, item.slice_desc)
-            logs.decision(log, "provision.waiting", why, waiting=len(sendable) - free, sending=free)
-            sendable = sendable[:free]
+            sending = len(charged.allowed) - len(sent.waiting)
+            logs.decision(log, "provision.waiting", why, waiting=len(sent.waiting), sending=sending)
+        failures: list[TransientError] = [error for _, error in sent.transient]
+        for item, failure, shortage in sent.capacity:
+            outcomes[item.spec.name] = self._capacity_unavailable(item, failure, shortage)
+            if failure.next:
+                failures.append(TransientError(outcomes[item.spec.name].why))
+        for item in sent.exists:
+            self.known_pools.remember(item.spec.name)
+            why = f"pool {item.spec.name} already exists (409)"
+            outcomes[item.spec.name] = logged(Outcome(EXISTS, why, item.spec.name, item.slice_desc))
+        for item, error in sent.rejected:
+            why = f"GKE rejected pool {item.spec.name}: {error.why}"
+            self.kube.record_event(group.pod.ref(), labels.REASON_FAILED, why, warning=True)
+            outcomes[item.spec.name] = logged(
+                Outcome(FAILED, why, item.spec.name, item.slice_desc), logging.ERROR
+            )
+        for item in sent.created:
+            outcomes[item.spec.name] = self._created(group, item)
+        if failures or sent.unsent:
+            self._defer(group.wanted, outcomes, failures, sent.unsent, sent.stopped)
+        return [outcomes[item.spec.name] for item in group.wanted if item.spec.name in outcomes]
 
-        def send(item: Create) -> None:
-            if self.policies is not None:  # GKE needs the pool's workload policy to exist first
-                self.policies.ensure_for(item.spec, item.why)
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, item.why)
-
-        result = self.slots.send_all(sendable, send, group.budget, slots.busy(group.pools))
-        failures: list[TransientError] = []
-        for item, error in result.sent:
-            shortage = backoff.capacity_unavailable(error) if error is not None else ""
-            if shortage:  # quota or reservation: this attempt failed; fall back or back off
-                outcomes[item.spec.name] = self._capacity_unavailable(item, group.jobset, shortage)
-                if outcomes[item.spec.name].fallback:
-                    failures.append(TransientError(outcomes[item.spec.name].why))
-                continue
-            if isinstance(error, TransientError):
-                failures.append(error)
-                continue
-            outcomes[item.spec.name] = self._created(group, item, error)
-        wanted = group.wanted
-        created = [
-            i.spec.name for i in wanted if i.spec.name in outcomes and outcomes[i.spec.name].result == CREATED
-        ]
-        if created:
-            # One Event per group (or per part of it a delivery got through), naming every pool: on
-            # the JobSet and on the pod that asked.
-            sid = group.request.slice_id
-            message = f"requested node pools {', '.join(created)} for {sid.replicated_job}"
-            self.kube.record_event(jobset_ref(group.jobset, sid), labels.REASON_REQUESTED, message)
-            self.kube.record_event(group.pod.ref(), labels.REASON_REQUESTED, message)
-        if failures or result.unsent:
-            self._defer(wanted, outcomes, failures, result.unsent, result.stopped)
-        return [outcomes[item.spec.name] for item in wanted if item.spec.name in outcomes]
-
-    def _created(self, group: Group, item: Create, error: Exception | None) -> Outcome:
-        """Record what GKE answered to one create (None: accepted); the listing is updated with it."""
+    def _created(self, group: Group, item: Create) -> Outcome:
+        """GKE accepted one create: remembered, and the listing updated with it."""
         spec, slice_desc = item.spec, item.slice_desc
-        if isinstance(error, AlreadyExistsError):
-            self.known_pools.remember(spec.name)
-            why = f"pool {spec.name} already exists (409)"
-            return logged(Outcome(EXISTS, why, spec.name, slice_desc))
-        if isinstance(error, RejectedError):
-            self.kube.record_event(
-                group.pod.ref(),
-                labels.REASON_FAILED,
-                f"GKE rejected pool {spec.name}: {error.why}",
-                warning=True,
-            )
-            return logged(
-                Outcome(FAILED, f"GKE rejected pool {spec.name}: {error.why}", spec.name, slice_desc),
-                logging.ERROR,
-            )
-        if error is not None:
-            raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
         self.known_pools.remember(spec.name)
         group.pools.append(
             NodePoolInfo(
@@ -338,11 +333,11 @@ class Provisioner:
         waited = round(max(0.0, time.time() - created_at), 1) if created_at else None
         return logged(Outcome(CREATED, item.why, spec.name, slice_desc), logging.INFO, pending_seconds=waited)
 
-    def _capacity_unavailable(self, item: Create, jobset: dict[str, Any], reason: str) -> Outcome:
+    def _capacity_unavailable(self, item: Create, failure: backoff.Failure, reason: str) -> Outcome:
         """GKE refused a create for quota or its reservation: a failed attempt of the slice (no pool
-        was made), which falls back by the redelivery the caller raises, or backs off."""
+        was made, recorded by the engine), which falls back by the redelivery the caller raises, or
+        backs off."""
         spec = item.spec
-        failure = self.fallback.refused(item.request, jobset, spec, reason)
         why = f"GKE refused pool {spec.name} (attempt {failure.attempts}): {reason}"
         if failure.next:
             why += f"; falling back to {failure.next}"
@@ -378,10 +373,77 @@ class Provisioner:
 
     def resume(self, pool: str = "") -> list[str]:
         """A node-pool operation (on ``pool``) finished: report failures, request waiting slices."""
-        return self.slots.resume(pool)
+        return self.slots.resume(self.known_pools, self.provision_pod, pool)
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _refuse(self, pod: Pod, why: str, slice_desc: str, pool: str = "") -> Outcome:
+    def _refuse(
+        self, pod: Pod, why: str, slice_desc: str, pool: str = "", jobset: JobSet | None = None
+    ) -> Outcome:
+        """Refuse the pod's slice with an Event saying why, on the pod and, once the pod is proven
+        its JobSet's own (``jobset``), on the JobSet too, where ``kubectl describe jobset`` shows it.
+        A pod that merely claims a JobSet never writes on it: a tenant could fill another team's
+        JobSet with refusals."""
         self.kube.record_event(pod.ref(), labels.REASON_REFUSED, why, warning=True)
+        if jobset is not None:
+            self.kube.record_event(jobset_ref(jobset), labels.REASON_REFUSED, why, warning=True)
         return logged(Outcome(REFUSED, why, pool, slice_desc), logging.WARNING)
+
+
+def _identity(request: SliceRequest) -> tuple[str, str, str, str, str]:
+    sid = request.slice_id
+    return (sid.namespace, sid.jobset, sid.jobset_uid, sid.replicated_job, str(sid.job_index))
+
+
+def _pool_identity(pool: NodePoolInfo) -> tuple[str, str, str, str, str] | None:
+    """The slice a managed pool is labelled for (its full owner), None for any other pool."""
+    if not pool.managed:
+        return None
+    return (
+        pool.owner.namespace,
+        pool.owner.name,
+        pool.owner.uid,
+        pool.owner.replicated_job,
+        pool.owner.job_index,
+    )
+
+
+def _slice_pool(request: SliceRequest, name: str, pools: list[NodePoolInfo]) -> NodePoolInfo | None:
+    """The slice's pool: the one of its name, else a managed pool labelled with its whole identity
+    (one handed over to it, or one made under an earlier naming of the same slice)."""
+    by_name = next((p for p in pools if p.name == name), None)
+    if by_name is not None:
+        return by_name
+    identity = _identity(request)
+    return next((p for p in pools if _pool_identity(p) == identity), None)
+
+
+def _listed_slices(pools: list[NodePoolInfo]) -> set[Any]:
+    """Names and slice identities of the listed pools, for sibling lookups in one pass."""
+    found: set[Any] = {p.name for p in pools}
+    found.update(i for i in map(_pool_identity, pools) if i is not None)
+    return found
+
+
+def _siblings_missing(request: SliceRequest, replicas: int, pools: list[NodePoolInfo]) -> bool:
+    """Whether a slice the JobSet declares for the request's replicated job has no listed pool."""
+    listed = _listed_slices(pools)
+    for index in range(replicas):
+        sibling = dataclasses.replace(
+            request, slice_id=dataclasses.replace(request.slice_id, job_index=index)
+        )
+        if sibling.pool_name not in listed and _identity(sibling) not in listed:
+            return True
+    return False
+
+
+def drift_of(pool: NodePoolInfo, spec: NodePoolSpec) -> bool:
+    """Whether ``pool`` was built under node settings other than ``spec``'s."""
+    return bool(drift.drift(pool, spec))
+
+
+def _drift_note(pool: NodePoolInfo, spec: NodePoolSpec, settings: Settings) -> str:
+    found = drift.summary(drift.drift(pool, spec))
+    if not found:
+        return ""
+    return f"; built under other settings ({found}), reported only (REPLACE_DRIFTED_POOLS=false)"

@@ -3,7 +3,7 @@
 Events can be lost, late or reordered; the sweep looks at what is (managed pools, JobSets, pending
 pods) and fixes what events missed: it releases pools whose JobSet is gone, over, replaced or
 suspended too long, recycles pools GKE failed to provision once their stockout backoff is over
-(``shared.provisioning.backoff``), and requests slices for pending pods that have none. Every
+(``shared.provisioning.create.backoff``), and requests slices for pending pods that have none. Every
 release goes through ``Releaser.dispose``, so a pool some live JobSet runs on is adopted or kept,
 never deleted. It lifts cordons a crashed release left on pools it keeps, and
 never touches a pool without the product's marker.
@@ -14,23 +14,19 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, OperationLimitError, Refused, TransientError
-from shared.core.meta import Meta
-from shared.core.settings import Settings
-from shared.provisioning import backoff
-from shared.provisioning.guard import stale_cordons
-from shared.provisioning.guardrails import managed_chips
+from shared.provisioning.create import backoff
 from shared.provisioning.outcomes import WAITING
-from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import Provisioner
-from shared.provisioning.releaser import JobSets, Releaser, Verdict, is_managed, judge
+from shared.provisioning.release.guard import stale_cordons
+from shared.provisioning.release.releaser import JobSets, Verdict, is_managed
+from shared.provisioning.services import Services
+from shared.provisioning.tenancy.guardrails import managed_chips
 from shared.tpu import drift
+from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo
 from shared.tpu.slices import slice_request
 
@@ -56,23 +52,17 @@ class Summary:
 class Reconciler:
     """One sweep over the cluster's managed pools, JobSets and pending JobSet pods."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        gke: NodePoolAPI,
-        kube: KubeAPI,
-        clock: Callable[[], float] = time.time,
-        policies: WorkloadPolicies | None = None,
-    ) -> None:
-        """``clock``: wall-clock Unix seconds (tests pass a fake one to walk through a backoff);
-        ``policies``: the tpu7x workload-policy service the creates of the sweep use."""
-        self.settings = settings
-        self.gke = gke
-        self.kube = kube
-        self.clock = clock
-        self.releaser = Releaser(settings, gke, kube)
-        self.provisioner = Provisioner(settings, gke, kube, wall_clock=clock, policies=policies)
-        self.backoff = self.provisioner.backoff  # one failure record writer for the whole sweep
+    def __init__(self, services: Services) -> None:
+        """``services``: the instance's one service graph; its ``wall_clock`` dates the sweep (tests
+        pass a fake one to walk through a backoff)."""
+        self.services = services
+        self.settings = services.settings
+        self.gke = services.gke
+        self.kube = services.kube
+        self.clock = services.wall_clock
+        self.releaser = services.releaser
+        self.provisioner = Provisioner(services)
+        self.backoff = services.backoff  # one failure record writer for the whole sweep
 
     def sweep(self) -> Summary:
         """Run one sweep. Raises TransientError (after doing all it could) if part of it must be retried."""
@@ -81,13 +71,12 @@ class Reconciler:
         pools = [p for p in listing if is_managed(p)]
         summary.pools_seen = len(pools)
         all_jobsets = self.kube.list_jobsets()
-        metas = [Meta.of(js, default_namespace="") for js in all_jobsets]
-        jobsets: JobSets = {(m.namespace, m.name): js for m, js in zip(metas, all_jobsets, strict=True)}
+        jobsets: JobSets = {js.key: js for js in all_jobsets}
         now = datetime.datetime.fromtimestamp(self.clock(), tz=datetime.UTC)
 
         failed = [p for p in pools if p.status == STATUS_ERROR]
         healthy = [p for p in pools if p.status != STATUS_ERROR]
-        verdicts = [(p, judge(p, jobsets.get(_key(p)), self.settings, now)) for p in healthy]
+        verdicts = [(p, self.releaser.judge(p, jobsets.get(p.owner.key), now)) for p in healthy]
         verdicts += self._failed_verdicts(failed, jobsets, now, summary)
         outcome = self.releaser.dispose(verdicts, "reconcile sweep", jobsets, listing, all_jobsets)
         summary.errors.extend(outcome.retry)
@@ -134,9 +123,9 @@ class Reconciler:
         stockout backoff is over. The others stay (no nodes, no cost) and keep provision off them."""
         verdicts: list[tuple[NodePoolInfo, Verdict]] = []
         for pool in failed:
-            jobset = jobsets.get(_key(pool))
+            jobset = jobsets.get(pool.owner.key)
             reason = pool.status_message or "status ERROR"
-            owner = judge(pool, jobset, self.settings, now)
+            owner = self.releaser.judge(pool, jobset, now)
             if owner.delete or jobset is None:
                 verdicts.append((pool, Verdict(True, f"GKE could not provision it ({reason}); {owner.why}")))
                 continue
@@ -180,14 +169,14 @@ class Reconciler:
                 self._record(summary, self.backoff.recycled, jobset, names)
         for key, names in landed.items():
             jobset = jobsets.get(key)
-            if jobset is not None and set(names) & set(backoff.failures(jobset)):
+            if jobset is not None and set(names) & set(backoff.failures(jobset, self.clock())):
                 self._record(summary, self.backoff.landed, jobset, names)
 
     @staticmethod
     def _record(
         summary: Summary,
-        write: Callable[[dict[str, Any], list[str]], None],
-        jobset: dict[str, Any],
+        write: Callable[[JobSet, Iterable[str]], None],
+        jobset: JobSet,
         names: list[str],
     ) -> None:
         try:
@@ -266,9 +255,5 @@ def _provisioning(name: str) -> NodePoolInfo:
 def _by_jobset(pools: Iterable[NodePoolInfo]) -> dict[tuple[str, str], list[str]]:
     grouped: dict[tuple[str, str], list[str]] = {}
     for pool in pools:
-        grouped.setdefault(_key(pool), []).append(pool.name)
+        grouped.setdefault(pool.owner.key, []).append(pool.name)
     return grouped
-
-
-def _key(pool: NodePoolInfo) -> tuple[str, str]:
-    return (pool.labels.get(labels.OWNER_NAMESPACE, ""), pool.labels.get(labels.OWNER_NAME, ""))

@@ -5,10 +5,13 @@ release in kustomize order, then a bounded wait for both controller Deployments 
 Everything is server-side applied with one field manager and ``force``, so a re-run converges on
 the manifests and a no-op re-run changes no ``resourceVersion``.
 
-Version policy per component: absent -> install; older -> upgrade; same -> re-apply (reported
-"unchanged" when nothing moved); newer or unrecognisable -> left alone.
+Version policy per component (``shared.setup.support.plan``): absent -> install; older -> upgrade
+in place to the pinned release; same -> re-apply (reported "unchanged" when nothing moved); newer
+-> left alone with ADDON_UPGRADE=keep-newer (the default), replaced by the pinned release with
+ADDON_UPGRADE=pinned; unrecognisable -> left alone. An upgrade is a server-side apply of the new
+release over the old one: the CRDs keep their objects (Workloads, queues and JobSets stay).
 
-Every wait and retry draws on one :class:`~shared.cloud.objects.Budget` sized to fit in the Cloud
+Every wait and retry draws on one :class:`~shared.cloud.retry.Budget` sized to fit in the Cloud
 Run request timeout; running out raises ``TransientError`` so that Pub/Sub redelivers and the
 next run continues where this one stopped.
 """
@@ -34,10 +37,10 @@ from shared.setup.manifests import (
     KUEUE,
     Component,
     Release,
-    compare_versions,
     deployed_version,
 )
 from shared.setup.manifests import load_release as _load_release
+from shared.setup.support import DOWNGRADE, plan, support
 
 log = logs.get("installer")
 
@@ -47,6 +50,7 @@ UNCHANGED = "unchanged"
 RECONCILED = "reconciled"  # same version, but drifted objects were put back
 SKIPPED_NEWER = "skipped-newer"
 SKIPPED_UNKNOWN = "skipped-unknown"
+DOWNGRADED = DOWNGRADE  # ADDON_UPGRADE=pinned and a newer release was installed
 
 _LOG_NAMES_MAX = 20
 
@@ -72,9 +76,11 @@ class ComponentResult:
     def summary(self) -> str:
         """One line, e.g. ``kueue v0.19.2: installed (79 created)``."""
         if self.action in (SKIPPED_NEWER, SKIPPED_UNKNOWN):
-            return f"{self.component} {self.found or '?'}: left alone ({self.action}, pinned {self.pinned})"
+            said = support(self.component, self.found).detail
+            found = self.found or "?"
+            return f"{self.component} {found}: left alone ({self.action}, pinned {self.pinned}; {said})"
         counts = f"{len(self.created)} created, {len(self.configured)} configured, {self.unchanged} unchanged"
-        was = f" from {self.found}" if self.action == UPGRADED else ""
+        was = f" from {self.found}" if self.action in (UPGRADED, DOWNGRADED) else ""
         return f"{self.component} {self.pinned}: {self.action}{was} ({counts})"
 
 
@@ -137,8 +143,8 @@ class Installer:
         """The pinned JobSet and Kueue releases from ``settings.manifests_dir`` (JobSet first)."""
         directory = self.settings.manifests_dir
         return [
-            _load_release(directory, JOBSET, self.settings.jobset_version),
-            _load_release(directory, KUEUE, self.settings.kueue_version),
+            _load_release(directory, JOBSET, self.settings.jobset_version, self.settings.jobset_sha256),
+            _load_release(directory, KUEUE, self.settings.kueue_version, self.settings.kueue_sha256),
         ]
 
     def install(self, cluster: str = "") -> InstallReport:
@@ -174,6 +180,7 @@ class Installer:
                 action=result.action,
                 found=result.found,
                 pinned=result.pinned,
+                supported=support(result.component, result.found or result.pinned).supported,
                 created=result.created[:_LOG_NAMES_MAX],
                 configured=result.configured[:_LOG_NAMES_MAX],
             )
@@ -185,17 +192,7 @@ class Installer:
     def _plan(self, release: Release, budget: Budget) -> ComponentResult:
         component = release.component
         found = self._installed_version(component, budget)
-        order = compare_versions(found, release.version) if found else -1
-        if not found:
-            action = INSTALLED
-        elif order is None:
-            action = SKIPPED_UNKNOWN
-        elif order < 0:
-            action = UPGRADED
-        elif order > 0:
-            action = SKIPPED_NEWER
-        else:
-            action = UNCHANGED
+        action = plan(found, release.version, self.settings.addon_upgrade)
         return ComponentResult(component.name, release.version, found, action)
 
     def _installed_version(self, component: Component, budget: Budget) -> str:

@@ -4,6 +4,10 @@ The deployed image carries the pinned upstream ``manifests.yaml`` files as
 ``<manifests_dir>/jobset-<version>.yaml`` and ``kueue-<version>.yaml``; nothing is downloaded at
 run time. This module turns such a file into an ordered, validated list of objects and knows
 how to tell which version of a component a cluster runs.
+
+The files are applied with cluster-admin rights, and the build downloads them from GitHub: so a
+file is only used when its sha256 is the one pinned here for its version (:data:`PINNED_SHA256`), or
+the one the operator states for another version (``JOBSET_SHA256`` / ``KUEUE_SHA256``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,15 @@ KIND_ORDER = (
 )
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?$")
+
+# sha256 of each pinned release's manifests.yaml, byte for byte as the build downloads it into
+# build/manifests/<name>-<version>.yaml and the image carries it (computed over the release files of
+# JobSet v0.10.1 and Kueue v0.19.2; their provenance is recorded beside the test copies). A release
+# not listed here is applied only with its hash stated in the settings.
+PINNED_SHA256 = {
+    ("jobset", "v0.10.1"): "41ad53ab43555e4adc92b3e59c01d1cb1c77bf7ce12737375db134ed4d7c219e",
+    ("kueue", "v0.19.2"): "88881eb50734eb920b67486ebc2aa978ed325e1b12d99b22fc51a6d7e9e4d370",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +156,45 @@ def deployed_version(deployment: Mapping[str, Any], component: Component) -> str
 def manifest_path(directory: str, component: Component, version: str) -> Path:
     """Where the image keeps the release file of ``component`` at ``version``."""
     return Path(directory) / f"{component.name}-{version}.yaml"
+
+
+def sha256_setting(component: Component) -> str:
+    """The setting that states the expected hash of ``component``'s file: JOBSET_SHA256 / KUEUE_SHA256."""
+    return f"{component.name.upper()}_SHA256"
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (InvalidInputError when it cannot be read)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        raise InvalidInputError(f"release manifest {path} is missing from the image") from None
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, component: Component, version: str, expected: str = "") -> str:
+    """Check the file against ``expected`` (the operator's), else the hash pinned for ``version``;
+    return its sha256. InvalidInputError names both hashes on a mismatch, and the setting to state
+    for a version nothing is pinned for."""
+    source = f"{sha256_setting(component)}"
+    if not expected:
+        expected = PINNED_SHA256.get((component.name, version), "")
+        source = f"pinned for {component.name} {version}"
+    actual = file_sha256(path)
+    if not expected:
+        raise InvalidInputError(
+            f"no sha256 is pinned for {component.name} {version}: state the file's hash in "
+            f"{sha256_setting(component)} (its sha256 is {actual}; check it against the release "
+            "you meant to install) to apply it"
+        )
+    if actual != expected:
+        raise InvalidInputError(
+            f"{path}: sha256 {actual} does not match the expected {expected} ({source}); refusing to apply it"
+        )
+    return actual
 
 
 def _loader() -> Any:
@@ -244,9 +296,11 @@ def _stamp(docs: list[dict[str, Any]], component: Component, version: str) -> No
         ).hexdigest()[:16]
 
 
-def load_release(directory: str, component: Component, version: str) -> Release:
-    """Read, check, patch (Kueue: JobSet integration) and stamp one release manifest."""
+def load_release(directory: str, component: Component, version: str, sha256: str = "") -> Release:
+    """Verify (see :func:`verify_sha256`), read, check, patch (Kueue: JobSet integration) and stamp
+    one release manifest. ``sha256`` is the operator's expected hash; "" means the pinned one."""
     path = manifest_path(directory, component, version)
+    verify_sha256(path, component, version, sha256)
     docs = read_documents(path)
     if component == KUEUE:
         ensure_jobset_integration(docs)

@@ -3,7 +3,7 @@
 A node pool's node config is fixed at creation, so a pool made before an operator changed, say,
 NODE_SERVICE_ACCOUNT or DISK_SIZE_GB keeps the old values for as long as it lives. ``drift`` names
 each such setting by its environment name; ``tpuprov status`` reports them, and provision replaces
-an idle drifted pool when REPLACE_DRIFTED_POOLS is on (``shared.provisioning.refit``). Pure: table
+an idle drifted pool when REPLACE_DRIFTED_POOLS is on (``shared.provisioning.release.refit``). Pure: table
 tests cover every field.
 """
 
@@ -24,13 +24,15 @@ DEFAULT_DISK_SIZE_GB = 100
 # Surge settings GKE applies when none are sent (shared.cloud.node_options sends the same).
 DEFAULT_MAX_SURGE = 1
 DEFAULT_MAX_UNAVAILABLE = 0
+# How the workloadMetadataConfig mode is named in a drift report (it has no setting of its own).
+WORKLOAD_METADATA = "WORKLOAD_METADATA"
 
 
 @dataclasses.dataclass(frozen=True)
 class Drift:
     """One setting the pool was built under that the current settings would set otherwise."""
 
-    setting: str  # the environment name, e.g. NODE_SERVICE_ACCOUNT
+    setting: str  # the environment name, e.g. NODE_SERVICE_ACCOUNT (or WORKLOAD_METADATA)
     pool: str  # what the pool has
     now: str  # what the current settings would give it
 
@@ -89,6 +91,7 @@ def config_of(spec: NodePoolSpec) -> NodeConfig:
         max_surge=spec.max_surge,
         max_unavailable=spec.max_unavailable,
         tags=tuple(spec.tags),
+        workload_metadata=spec.workload_metadata,
     )
 
 
@@ -103,7 +106,8 @@ def drift(pool: NodePoolInfo, spec: NodePoolSpec) -> tuple[Drift, ...]:
     Nothing when GKE's answer did not include the node config (``pool.config`` None). Node labels
     are compared by key (COPY_POD_LABELS decides which keys; values come from each pod, so a new
     value is not a changed setting). MAX_PODS_PER_NODE=0 leaves the choice to the cluster's default,
-    which the pool cannot be compared with, so it is compared only when set.
+    which the pool cannot be compared with, so it is compared only when set; the workload metadata
+    mode only when GKE reported one for the pool.
     """
     if pool.config is None:
         return ()
@@ -114,6 +118,11 @@ def drift(pool: NodePoolInfo, spec: NodePoolSpec) -> tuple[Drift, ...]:
             found.append(Drift(setting, _text(read(have)), _text(read(want))))
     if want.max_pods_per_node and have.max_pods_per_node != want.max_pods_per_node:
         found.append(Drift("MAX_PODS_PER_NODE", _text(have.max_pods_per_node), _text(want.max_pods_per_node)))
+    if have.workload_metadata and want.workload_metadata and have.workload_metadata != want.workload_metadata:
+        # Not a setting: the product asks every pool for GKE's metadata server. A pool whose nodes
+        # still serve the Compute metadata (built before, or changed by hand) hands pods the node
+        # service account's token; reported, and replaced when idle with REPLACE_DRIFTED_POOLS.
+        found.append(Drift(WORKLOAD_METADATA, have.workload_metadata, want.workload_metadata))
     pool_keys, spec_keys = _copied_keys(pool.labels), _copied_keys(spec.labels)
     if pool_keys != spec_keys:
         found.append(Drift("COPY_POD_LABELS", _text(pool_keys), _text(spec_keys)))

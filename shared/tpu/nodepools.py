@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from shared.core import labels
+
 # Node pool statuses as GKE reports them (google.container.v1.NodePool.Status).
 STATUS_PROVISIONING = "PROVISIONING"
 STATUS_RUNNING = "RUNNING"
@@ -19,13 +21,17 @@ STATUS_RECONCILING = "RECONCILING"
 STATUS_STOPPING = "STOPPING"
 STATUS_ERROR = "ERROR"
 
+# WorkloadMetadataConfig.Mode (google.container.v1): GKE_METADATA runs GKE's metadata server on the
+# nodes, which answers pods with their own Workload Identity instead of the node's service account.
+WORKLOAD_METADATA_GKE = "GKE_METADATA"
+
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Placement policy of a multi-host slice: COMPACT with a TPU topology, or a named policy.
 
     ``managed_topology`` is set when ``policy_name`` is a workload policy the product itself creates
-    (``shared.provisioning.policies``) for that accelerator topology; "" when the operator named it.
+    (``shared.provisioning.create.policies``) for that accelerator topology; "" when the operator named it.
     """
 
     type: str = "COMPACT"
@@ -79,6 +85,8 @@ class NodePoolSpec:
     tags: tuple[str, ...] = ()
     auto_upgrade: bool = False
     auto_repair: bool = True
+    # workloadMetadataConfig.mode of the nodes ("" = not sent: GKE's default for the cluster).
+    workload_metadata: str = ""
     # Flex-start (Dynamic Workload Scheduler) capacity: the pool is created empty and autoscales up
     # to ``node_count`` nodes once GKE obtains the whole slice.
     flex_start: bool = False
@@ -102,6 +110,33 @@ class NodeConfig:
     max_surge: int = -1  # -1: no upgrade settings reported
     max_unavailable: int = -1
     tags: tuple[str, ...] = ()
+    workload_metadata: str = ""  # workloadMetadataConfig.mode; "" when GKE reported none
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolOwner:
+    """The slice a managed pool is labelled for: the product's ownership labels ("" where absent).
+    Only the product writes them (through GKE), so they are the record of whose a pool is."""
+
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    replicated_job: str = ""
+    job_index: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, JobSet name): how its JobSet is looked up."""
+        return (self.namespace, self.name)
+
+    @property
+    def identity(self) -> tuple[str, str, str, str, str]:
+        """The whole slice: namespace, JobSet, uid, replicated job, index."""
+        return (self.namespace, self.name, self.uid, self.replicated_job, self.job_index)
+
+    def describe(self) -> str:
+        """``namespace/name`` for logs and Events."""
+        return f"{self.namespace}/{self.name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +155,26 @@ class NodePoolInfo:
     reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
     flex_start: bool = False
     current_nodes: int | None = None  # nodes a flex-start pool has now (None: not reported)
+    placement_policy: str = ""  # placementPolicy.policyName: the named (workload) policy placing it
     # What its nodes were built with; None when the source does not say (no drift is then reported).
     config: NodeConfig | None = None
+
+    @property
+    def managed(self) -> bool:
+        """Whether the product made it (it carries the product's managed-by marker)."""
+        return self.labels.get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
+
+    @property
+    def owner(self) -> PoolOwner:
+        """The slice it is labelled for (read from its node labels, one place)."""
+        get = self.labels.get
+        return PoolOwner(
+            get(labels.OWNER_NAMESPACE, ""),
+            get(labels.OWNER_NAME, ""),
+            get(labels.OWNER_UID, ""),
+            get(labels.OWNER_REPLICATED_JOB, ""),
+            get(labels.OWNER_JOB_INDEX, ""),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +204,9 @@ class ClusterInfo:
     release_channel: str = ""
     # None when GKE sent no controlPlaneEndpointsConfig: ``endpoint`` is then the only address.
     endpoints: ControlPlaneEndpoints | None = None
+    # workloadIdentityConfig.workloadPool (PROJECT.svc.id.goog), "" when Workload Identity is off:
+    # GKE_METADATA node pools need it.
+    workload_pool: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

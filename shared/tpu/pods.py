@@ -1,7 +1,8 @@
 """A pod as the product reads it: one frozen view parsed once from the API's JSON.
 
 Every decision about a pending pod (is it a TPU JobSet pod, which slice, whose pool, how long it
-waited) reads this view; the raw dict stays with the adapter that fetched it and ``Pod.parse``.
+waited) reads this view: the Kubernetes adapter's ``get_pod`` returns it, and pods listed in bulk (a
+sweep's pending pods, a pool's occupants) are parsed with ``Pod.parse`` where they are decided on.
 The parse never raises: what it finds wrong in a TPU request is kept as ``tpu_problem`` and refused
 by ``shared.tpu.slices.slice_request`` in its turn, after the checks that skip a pod quietly.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from shared.core import labels
 from shared.tpu import selectors
+from shared.tpu.owners import OwnerRef, controller_of
 
 
 def _created_at(stamp: str) -> float | None:
@@ -61,6 +63,11 @@ class Pod:
     tpu_chips: int = 0  # google.com/tpu over its containers
     tpu_problem: str = ""  # why the TPU request cannot be read ("" when it can)
     selected: Mapping[str, str] = dataclasses.field(default_factory=dict)  # nodeSelector + affinity
+    # Node label keys the pod cannot schedule without (exclusive placement, required pod affinity).
+    topology_keys: tuple[tuple[str, str], ...] = ()  # (key, where it comes from)
+    # Its controller reference (the Job that made it, for a JobSet's pod): shared.tpu.owners checks
+    # it against the Job and the JobSet as read; labels are the pod's own word and prove nothing.
+    controller: OwnerRef | None = None
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> Pod:
@@ -87,6 +94,10 @@ class Pod:
             tpu_chips=chips,
             tpu_problem=problem,
             selected=selectors.of_pod_spec(spec),
+            topology_keys=selectors.required_topology_keys(
+                spec, {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+            ),
+            controller=controller_of(meta.get("ownerReferences")),
         )
 
     @property

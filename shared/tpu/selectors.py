@@ -54,6 +54,7 @@ GKE_SET: Mapping[str, str] = {
     labels.ACCELERATOR_COUNT: "config.machineType (chips per VM)",
     labels.SPOT: "config.spot",
     labels.FLEX_START: "config.flexStart",
+    labels.PLACEMENT_POLICY_NAME: "placementPolicy.policyName",
     labels.RESERVATION_NAME: "config.reservationAffinity",
     labels.RESERVATION_PROJECT: "config.reservationAffinity (shared reservation)",
     labels.ZONE: "locations",
@@ -85,9 +86,57 @@ def of_pod_spec(spec: Mapping[str, Any]) -> dict[str, str]:
     return chosen
 
 
+# Where a required node label key comes from, in a refusal's words.
+FROM_EXCLUSIVE = "its JobSet's exclusive topology"
+FROM_AFFINITY = "a required pod-affinity term"
+FROM_KUEUE_TAS = "Kueue's required topology"
+
+
+def required_topology_keys(
+    spec: Mapping[str, Any], annotations: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """The node label keys a pod cannot be scheduled without, each with where it comes from:
+
+    * JobSet's exclusive-placement key, which its pod webhook turns into a required pod-affinity
+      term on each Job's leader pod (JobSet v0.10.1 pkg/webhooks/pod_mutating_webhook.go; not with
+      the node-selector strategy);
+    * the topology key of each required pod-affinity term (the scheduler's InterPodAffinity filter
+      fails a node lacking one: "All topology labels must exist on the node", kubernetes
+      pkg/scheduler/framework/plugins/interpodaffinity/filtering.go);
+    * the level Kueue's topology-aware scheduling must place the pods within
+      (``kueue.x-k8s.io/podset-required-topology`` and ``podset-slice-required-topology``, Kueue
+      v0.19.2 apis/kueue/v1beta2/topology_types.go): Kueue admits such a podset only onto nodes
+      carrying that level's label and pins its pods there with node selectors.
+
+    Anti-affinity terms and Kueue's preferred topology are left out: a node without their key
+    still takes the pod."""
+    keys: dict[str, str] = {}
+    exclusive = annotations.get(labels.EXCLUSIVE_TOPOLOGY, "").strip()
+    if exclusive and labels.NODE_SELECTOR_STRATEGY not in annotations:
+        keys.setdefault(exclusive, FROM_EXCLUSIVE)
+    affinity = ((spec.get("affinity") or {}).get("podAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    for term in affinity if isinstance(affinity, list) else []:
+        key = term.get("topologyKey") if isinstance(term, Mapping) else None
+        if key:
+            keys.setdefault(str(key), FROM_AFFINITY)
+    for annotation in (labels.KUEUE_REQUIRED_TOPOLOGY, labels.KUEUE_SLICE_REQUIRED_TOPOLOGY):
+        level = annotations.get(annotation, "").strip()
+        if level:
+            keys.setdefault(level, f"{FROM_KUEUE_TAS}, {annotation}")
+    return tuple(keys.items())
+
+
 def pod_selectors(pod: Mapping[str, Any]) -> dict[str, str]:
     """A pod's nodeSelector and single-valued required node-affinity terms (what it needs of a node)."""
     return of_pod_spec(pod.get("spec") or {})
+
+
+def allowed_node_label(key: str, allowed: tuple[str, ...]) -> bool:
+    """Whether NODE_LABEL_KEYS (``allowed``: exact keys, or prefixes ending in "/") lets a pod's
+    selector key become a node label of its pool."""
+    return any(key == entry or (entry.endswith("/") and key.startswith(entry)) for entry in allowed)
 
 
 def gke_refusal(key: str) -> str:
@@ -135,6 +184,21 @@ def classify(key: str, value: str) -> Fate:
         return Fate(key, value, GKE, GKE_SET[key])
     if key.startswith(f"{labels.PRODUCT_DOMAIN}/"):
         why = f"keys under {labels.PRODUCT_DOMAIN}/ are reserved for the product's ownership labels"
+        return Fate(key, value, REFUSED, why)
+    domain = key.rpartition("/")[0]
+    if domain == "gke.io" or domain.endswith(".gke.io"):
+        # GKE's node features read labels under gke.io (gVisor sandboxing selects
+        # sandbox.gke.io/runtime=gvisor on nodes GKE configured for it): a pool must never carry one
+        # because a pod selected it.
+        why = f"keys under {domain}/ belong to GKE's node features and are never set from a pod's selector"
+        return Fate(key, value, REFUSED, why)
+    if key == labels.QUEUED:
+        why = (
+            "GKE sets it only on the nodes of a queued-provisioning pool, which GKE fills through a "
+            "ProvisioningRequest rather than a create (xpk's --flex selects it); for flex-start VMs "
+            f"from tpu-provisioner select {labels.FLEX_START}=true instead, or leave the workload to "
+            "GKE's queued provisioning (Kueue's ProvisioningRequest admission check) without it"
+        )
         return Fate(key, value, REFUSED, why)
     refusal = gke_refusal(key)
     if refusal:
@@ -186,8 +250,11 @@ def _gke_labels(
     flex_start: bool,
     reservation: str,
     zones: tuple[str, ...],
+    placement_policy: str,
 ) -> dict[str, str]:
     found = {labels.NODEPOOL: name, INSTANCE_TYPE: machine_type, OS: "linux"}
+    if placement_policy:
+        found[labels.PLACEMENT_POLICY_NAME] = placement_policy
     accelerator = catalog.accelerator_for_machine_type(machine_type)
     if accelerator:
         found[labels.TPU_ACCELERATOR] = accelerator
@@ -209,8 +276,16 @@ def spec_node_labels(spec: NodePoolSpec, topology: str) -> dict[str, str]:
     """Every label each node of ``spec`` will carry: GKE's (``topology``: the slice's, which GKE
     also labels single-host nodes with) and the pool's own node labels."""
     reservation = spec.reservation.value if spec.reservation else ""
+    policy = spec.placement.policy_name if spec.placement else ""
     gke = _gke_labels(
-        spec.name, spec.machine_type, topology, spec.spot, spec.flex_start, reservation, spec.node_locations
+        spec.name,
+        spec.machine_type,
+        topology,
+        spec.spot,
+        spec.flex_start,
+        reservation,
+        spec.node_locations,
+        policy,
     )
     return {**gke, **spec.labels}
 
@@ -226,6 +301,7 @@ def pool_node_labels(pool: NodePoolInfo) -> dict[str, str]:
         pool.flex_start,
         pool.reservation,
         pool.node_locations,
+        pool.placement_policy,
     )
     return {**gke, **pool.labels}
 
@@ -258,6 +334,33 @@ def check(selected: Mapping[str, str], spec: NodePoolSpec, topology: str) -> Non
                 f"pod selects {fate.key}={fate.value}, which no node of pool {spec.name} could match: "
                 f"{fate.detail}"
             )
+
+
+# Labels the kubelet puts on every node, whatever its pool (kubernetes.io well-known labels).
+_EVERY_NODE = (labels.HOSTNAME, "kubernetes.io/arch", OS)
+
+
+def topology_key_problem(keys: tuple[tuple[str, str], ...], spec: NodePoolSpec, topology: str) -> str:
+    """Why no node of ``spec`` can carry a node label key the pod requires ("" when every one can);
+    ``keys`` pairs each key with where it comes from (``required_topology_keys``)."""
+    carried = set(spec_node_labels(spec, topology)) | set(_EVERY_NODE)
+    for key, where in keys:
+        if key in carried:
+            continue
+        if key == labels.TPU_SLICE or key.startswith(labels.TPU_SLICE_LEVEL_PREFIX):
+            return (
+                f"the pod requires node label {key} ({where}), which only GKE's slice controller "
+                "sets, on TPU capacity it slices dynamically (GKE dynamic slicing, sub-slicing and "
+                "super-slicing); no node pool tpu-provisioner creates carries it. Use "
+                f"{labels.NODEPOOL} as the exclusive topology (one pool per slice), or GKE's "
+                "slicing without tpu-provisioner"
+            )
+        return (
+            f"the pod requires node label {key} ({where}), which no node of pool {spec.name} would "
+            f"carry; use {labels.NODEPOOL} as the exclusive topology, or require a label the "
+            "pool's nodes get"
+        )
+    return ""
 
 
 def misfit(selected: Mapping[str, str], pool: NodePoolInfo, spec: NodePoolSpec) -> str:

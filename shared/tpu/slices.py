@@ -12,11 +12,11 @@ from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
-from shared.core.meta import Meta
 from shared.core.names import SliceId, pool_name, workload_policy_name
 from shared.core.settings import Settings
 from shared.tpu import capacity, catalog, selectors
 from shared.tpu.capacity import CapacityOption
+from shared.tpu.jobsets import JobSet, JobSetLike
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
 from shared.tpu.pods import Pod
 
@@ -41,6 +41,8 @@ class SliceRequest:
     # Every selector of the pod (shared.tpu.selectors checks the pool's nodes can match each one).
     selected: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for COPY_POD_LABELS
+    # Node label keys the pod requires, each with its source (selectors.topology_key_problem).
+    topology_keys: tuple[tuple[str, str], ...] = ()
 
     @property
     def demand(self) -> capacity.Demand:
@@ -134,9 +136,22 @@ def slice_request(pod: Pod | Mapping[str, Any]) -> SliceRequest:
     if selected.get(labels.NODEPOOL):
         # Exclusive-placement followers are pinned to the pool their leader landed on; that pool
         # exists or is being made, and a pod must never cause a second one.
-        raise NotEligible(f"pod is pinned to node pool {selected[labels.NODEPOOL]!r} (follower)")
+        raise NotEligible(
+            f"pod is pinned to node pool {selected[labels.NODEPOOL]!r} by its {labels.NODEPOOL} "
+            "selector (its author's pool, or its exclusive-placement leader's): nothing to create"
+        )
     accelerator = selected.get(labels.TPU_ACCELERATOR, "")
     topology = selected.get(labels.TPU_TOPOLOGY, "")
+    dynamic = pod.annotations.get(labels.TPU_SLICE_TOPOLOGY, "").strip()
+    if accelerator and not topology and dynamic:
+        raise Refused(
+            f"pod gives its slice's topology {dynamic} in the annotation {labels.TPU_SLICE_TOPOLOGY}, "
+            "which GKE's slice controller reads to form the slice from TPU capacity it already holds "
+            "(GKE dynamic slicing and super-slicing, behind Kueue's accelerator.gke.io/slice "
+            "admission check); tpu-provisioner builds one node pool per slice from the "
+            f"{labels.TPU_TOPOLOGY} node selector: select {labels.TPU_TOPOLOGY}: {dynamic} "
+            "instead, or run the workload on GKE's slicing without tpu-provisioner"
+        )
     if not accelerator or not topology:
         raise Refused(
             f"pod requests google.com/tpu but does not select both {labels.TPU_ACCELERATOR} "
@@ -163,6 +178,7 @@ def slice_request(pod: Pod | Mapping[str, Any]) -> SliceRequest:
         flex_start=flex_start,
         selected=selected,
         pod_labels=dict(pod.labels),
+        topology_keys=pod.topology_keys,
     )
 
 
@@ -212,11 +228,11 @@ def _default_zone(settings: Settings, zone: str, cluster: ClusterInfo | None) ->
     return zone
 
 
-def template_demand(jobset: Mapping[str, Any], replicated_job: str) -> capacity.Demand:
+def template_demand(jobset: JobSetLike, replicated_job: str) -> capacity.Demand:
     """What a replicated job's pod template selects of capacity (Kueue writes its flavor's node
     labels there on admission), for decisions made without a pod at hand (reconcile). Refused for
     selections no pod of it could get, as for its pods."""
-    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+    for rjob in JobSet.of(jobset).replicated_jobs:
         if rjob.get("name") == replicated_job:
             template = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec")
             selected = selectors.of_pod_spec(template or {})
@@ -224,13 +240,12 @@ def template_demand(jobset: Mapping[str, Any], replicated_job: str) -> capacity.
     return capacity.Demand()
 
 
-def policy_of(settings: Settings, jobset: Mapping[str, Any] | None) -> tuple[CapacityOption, ...]:
+def policy_of(settings: Settings, jobset: JobSetLike | None) -> tuple[CapacityOption, ...]:
     """The capacity policy of a JobSet's slices: its annotation, else CAPACITY_POLICY.
 
     A malformed annotation is the user's to fix: Refused, with the parser's reason.
     """
-    annotations = Meta.of(jobset).annotations
-    text = annotations.get(labels.CAPACITY_POLICY)
+    text = JobSet.of(jobset).meta.annotations.get(labels.CAPACITY_POLICY) if jobset is not None else None
     try:
         return capacity.parse_policy(settings.capacity_policy if text is None else str(text))
     except ValueError as exc:
@@ -282,6 +297,13 @@ def settings_node_fields(settings: Settings, disk_type: str) -> dict[str, Any]:
         "max_surge": settings.upgrade_max_surge,
         "max_unavailable": settings.upgrade_max_unavailable,
         "tags": settings.network_tags,
+        # Every pool runs GKE's metadata server (nodepools.WORKLOAD_METADATA_GKE): without it a
+        # tenant pod on a TPU node can read the node service account's token from the Compute
+        # metadata server. Sent always, never dropped: the container_v1 reference for
+        # WorkloadMetadataConfig.Mode says GKE_METADATA can only be enabled when Workload Identity is
+        # on at the cluster level, so on a cluster without it GKE refuses the create and the slice's
+        # refusal names the cause; a pool silently created without it would hand tenants that token.
+        "workload_metadata": "GKE_METADATA",
     }
 
 
@@ -337,9 +359,15 @@ def build_node_pool(
         # GKE "About Ironwood (TPU7x) in GKE": a multi-host tpu7x pool is placed by a workload policy
         # named in the placement policy instead of a TPU topology. The operator's policy wins; without
         # one the pool names the product's own, which the provisioner makes exist before the create.
+        # A pod that selects cloud.google.com/placement-policy-name (xpk's tpu7x workloads) names the
+        # policy its author made; the pool is placed by it (the operator's, when set, is checked
+        # against the selector instead, and a different name is refused by selectors.check).
+        chosen = request.selected.get(labels.PLACEMENT_POLICY_NAME, "").strip()
         if settings.tpu7x_workload_policy:
             name = settings.tpu7x_workload_policy.replace("{topology}", shape.topology.replace("x", "-"))
             placement = Placement(type="", policy_name=name)
+        elif chosen:
+            placement = Placement(type="", policy_name=chosen)
         else:
             placement = Placement(
                 type="", policy_name=workload_policy_name(shape.topology), managed_topology=shape.topology
@@ -355,13 +383,20 @@ def build_node_pool(
             f"flex-start capacity is not offered for {shape.generation} TPUs "
             f"(only {', '.join(FLEX_START_GENERATIONS)})"
         )
+    for key, value in sorted(request.extra_labels.items()):
+        # A selector becomes a node label only when the operator lets that key be one: otherwise any
+        # tenant could stamp onto a pool the labels other workloads select, or bill by.
+        if key not in selectors.GKE_ACCEPTED and not selectors.allowed_node_label(
+            key, settings.node_label_keys
+        ):
+            raise Refused(
+                f"pod selects {key}={value}, which would become a node label of its pool, and "
+                "NODE_LABEL_KEYS does not allow that key: ask the operator to add it, or drop the selector"
+            )
     # Copied pod labels first: a selector of the same key must win, or the pod could not land.
     copied = selectors.copied_labels(settings.copy_pod_labels, request.pod_labels)
     node_labels = {**copied, **request.extra_labels, **ownership_labels(request.slice_id)}
-    resource_labels = {
-        labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
-        labels.RESOURCE_LABEL_JOBSET: request.slice_id.jobset[:63].replace(".", "-"),
-    }
+    resource_labels = labels.billing_labels(request.slice_id.namespace, request.slice_id.jobset)
     spec = NodePoolSpec(
         name=request.pool_name,
         machine_type=shape.machine_type,
@@ -381,4 +416,7 @@ def build_node_pool(
     )
     # The last word: a pool some selector of the pod could not match is never built.
     selectors.check(request.selected, spec, shape.topology)
+    problem = selectors.topology_key_problem(request.topology_keys, spec, shape.topology)
+    if problem:
+        raise Refused(problem)  # a pool no pod of the slice could schedule on would bill until deleted
     return spec, shape

@@ -6,23 +6,32 @@ podSetAssignments[{name, flavors, count}]}``, ``status.admissionChecks[{name, st
 lastTransitionTime, requeueAfterSeconds, podSetUpdates}]`` and ``status.conditions`` (QuotaReserved,
 Admitted, Evicted, Finished). ``spec.active: false`` is how Kueue (and a Rejected check) deactivates.
 
-The slices are derived through ``expand_pods`` + ``slice_request``, the same code the pending-pod
-path runs on real pods: every slice of the Workload gets exactly the pool name provision would give
-it, so a pod's event for a slice the admission check already requested is a no-op.
+The slices are derived from the JobSet's template (``shared.tpu.declared``), the same derivation the
+pending-pod path makes once a pod proves its Job and JobSet: every slice of the Workload gets
+exactly the pool name provision would give it, so a pod's event for a slice the admission check
+already requested is a no-op.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
 from shared.core import labels
-from shared.core.errors import NotEligible
-from shared.tpu.jobsets import expand_pods
-from shared.tpu.pods import Pod
-from shared.tpu.slices import SliceRequest, slice_request
+from shared.core.errors import NotEligible, Refused
+from shared.tpu import catalog
+from shared.tpu.declared import (
+    GKE_MAX_NODES,
+    declaration_problem,
+    declared_request,
+    replicated_jobs,
+    total_vms_problem,
+)
+from shared.tpu.jobsets import JobSet, JobSetLike
+from shared.tpu.slices import SliceRequest
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
@@ -65,6 +74,9 @@ class WorkloadView:
     checks: tuple[CheckState, ...]
     conditions: Mapping[str, bool]  # condition type -> status is True
     active: bool
+    # status.requeueState.requeueAt in Unix seconds (None: unset): when Kueue brings an evicted
+    # Workload back, e.g. after a check's Retry (pkg/workload/admissionchecks.go NeedsRequeueAtUpdate).
+    requeue_at: float | None = None
 
     @property
     def key(self) -> str:
@@ -105,6 +117,19 @@ class WorkloadView:
             "kind": "Workload",
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
         }
+
+
+# Kueue labels each Workload with the uid of the job it stands for (controller/constants JobUIDLabel).
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def _time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -153,6 +178,7 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
         ),
         conditions={str(c.get("type")): c.get("status") == "True" for c in status.get("conditions") or []},
         active=spec.get("active", True) is not False,
+        requeue_at=_time((status.get("requeueState") or {}).get("requeueAt")),
     )
 
 
@@ -165,49 +191,66 @@ class WorkloadSlice:
     missing_selector: Mapping[str, str]  # flavor labels the pod template does not select yet
 
 
-def with_flavor_labels(jobset: Mapping[str, Any], flavor_labels: Mapping[str, Mapping[str, str]]) -> dict:
+def with_flavor_labels(jobset: JobSetLike, flavor_labels: Mapping[str, Mapping[str, str]]) -> JobSet:
     """A copy of ``jobset`` whose replicated jobs' pod templates select their flavor's node labels,
     as Kueue writes them into the templates when it admits the Workload (template selectors win)."""
-    copied = copy.deepcopy(dict(jobset))
-    for rjob in (copied.get("spec") or {}).get("replicatedJobs") or []:
+    view = JobSet.of(jobset)
+    spec = copy.deepcopy(dict(view.spec))
+    for rjob in spec.get("replicatedJobs") or []:
+        if not isinstance(rjob, dict):
+            continue
         extra = flavor_labels.get(str(rjob.get("name")))
         if not extra:
             continue
         template = rjob.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
         pod_spec = template.setdefault("spec", {})
         pod_spec["nodeSelector"] = {**extra, **(pod_spec.get("nodeSelector") or {})}
-    return copied
+    return dataclasses.replace(view, spec=spec)
 
 
 def workload_slices(
-    jobset: Mapping[str, Any], pod_sets: Mapping[str, int], flavor_labels: Mapping[str, Mapping[str, str]]
+    jobset: JobSetLike,
+    pod_sets: Mapping[str, int],
+    flavor_labels: Mapping[str, Mapping[str, str]],
+    max_vms: int = GKE_MAX_NODES,
 ) -> list[WorkloadSlice]:
     """Every TPU slice of the JobSet's replicated jobs that are pod sets of the Workload, in order.
 
-    One per Job: the slice request of its first pod, exactly as provision derives it from that pod
-    when it is pending. Raises ``Refused`` when a slice asks for something no pool can be (the check
-    rejects the Workload); pod sets without TPUs are skipped.
+    One per Job, ``(replicated job, index)`` for ``index < replicas``, derived from the JobSet's
+    template exactly as provision derives the slice of that Job's pods (``declared_request``), once
+    per slice and never per pod. Raises ``Refused`` when a slice asks for something no pool can be,
+    or the JobSet declares fewer pods per Job than its slices have VMs, or more TPU VMs than
+    ``max_vms`` (the check rejects the Workload); pod sets without TPUs are skipped.
     """
     shaped = with_flavor_labels(jobset, flavor_labels)
-    seen: set[tuple[str, int]] = set()
+    problem = total_vms_problem(shaped, max_vms)
+    if problem:
+        raise Refused(problem)
     found: list[WorkloadSlice] = []
-    for pod in map(Pod.parse, expand_pods(shaped)):
-        rjob, index = pod.labels[labels.REPLICATED_JOB_NAME], int(pod.labels[labels.JOB_INDEX])
-        if rjob not in pod_sets or (rjob, index) in seen:
+    for rjob in replicated_jobs(shaped):
+        if rjob.name not in pod_sets or rjob.replicas == 0:
             continue
-        seen.add((rjob, index))
         try:
-            request = slice_request(pod)
+            first = declared_request(shaped, rjob.name, 0)
         except NotEligible:
             continue  # not a TPU pod set (e.g. a CPU coordinator)
-        template = _template_selector(jobset, rjob)
-        missing = {k: v for k, v in (flavor_labels.get(rjob) or {}).items() if k not in template}
-        found.append(WorkloadSlice(rjob, request, missing))
+        try:
+            shape = catalog.resolve(first.accelerator, first.topology, first.chips_per_vm)
+        except catalog.UnsupportedShape as exc:
+            raise Refused(str(exc)) from None
+        problem = declaration_problem(rjob, shape)
+        if problem:
+            raise Refused(problem)
+        template = _template_selector(jobset, rjob.name)
+        missing = {k: v for k, v in (flavor_labels.get(rjob.name) or {}).items() if k not in template}
+        for index in range(rjob.replicas):
+            request = first if index == 0 else declared_request(shaped, rjob.name, index)
+            found.append(WorkloadSlice(rjob.name, request, missing))
     return found
 
 
-def _template_selector(jobset: Mapping[str, Any], rjob_name: str) -> dict[str, str]:
-    for rjob in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+def _template_selector(jobset: JobSetLike, rjob_name: str) -> dict[str, str]:
+    for rjob in JobSet.of(jobset).replicated_jobs:
         if rjob.get("name") == rjob_name:
             spec = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
             return dict((spec.get("spec") or {}).get("nodeSelector") or {})

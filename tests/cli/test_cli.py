@@ -16,7 +16,8 @@ from tests.paths import REPO
 from tpuprov.main import build_parser, main
 
 
-def test_plan_multislice_example_json(capsys):
+def test_plan_multislice_example_json(monkeypatch, capsys):
+    monkeypatch.setenv("NODE_LABEL_KEYS", "team")  # the example selects team=research
     assert main(["plan", "-f", str(REPO / "examples/jobset-v6e-multislice.yaml"), "--output", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["slice"], r["machine_type"], r["node_count"], r["total_chips"]) for r in rows] == [
@@ -25,6 +26,15 @@ def test_plan_multislice_example_json(capsys):
     ]
     assert len({r["pool"] for r in rows}) == 2 and all(len(r["pool"]) <= 40 for r in rows)
     assert all(r["placement"] == "COMPACT 4x4" for r in rows)
+
+
+def test_plan_refuses_a_selector_no_operator_allowed_as_a_node_label(monkeypatch, capsys):
+    # Under the defaults no tenant selector becomes a node label: the example's team=research is
+    # refused with the way forward, and nothing would be bought.
+    monkeypatch.delenv("NODE_LABEL_KEYS", raising=False)
+    assert main(["plan", "-f", str(REPO / "examples/jobset-v6e-multislice.yaml"), "--output", "json"]) == 1
+    rows = json.loads(capsys.readouterr().out)
+    assert all("NODE_LABEL_KEYS does not allow that key" in r["refused"] and not r["pool"] for r in rows)
 
 
 def test_plan_single_host_spot_example_table(capsys):
@@ -39,6 +49,7 @@ def test_plan_shows_the_capacity_order_of_the_jobsets_policy(tmp_path, monkeypat
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(manifest))
     monkeypatch.delenv("CAPACITY_POLICY", raising=False)
+    monkeypatch.setenv("NODE_LABEL_KEYS", "team")
     assert main(["plan", "-f", str(path), "--output", "json", "--location", "us-east5-b"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["capacity"] for r in rows} == {"spot@us-east5-b -> on-demand@us-east5-b"}
@@ -71,13 +82,15 @@ def test_plan_reports_unsupported_shapes(tmp_path, capsys):
                 "cloud.google.com/gke-tpu-topology": "3x3: set by GKE from placementPolicy.tpuTopology",
                 "team": "research: set by the product as a node label",
             },
+            "warning": "",
         }
         for i in (0, 1)
     ]
-    assert captured.err == "tpuprov plan: 2 slice(s) would be refused\n"
+    assert captured.err.splitlines()[-1] == "tpuprov plan: 2 slice(s) would be refused"
 
 
-def test_plan_of_a_cpu_job_beside_tpu_slices_is_not_a_refusal(tmp_path, capsys):
+def test_plan_of_a_cpu_job_beside_tpu_slices_is_not_a_refusal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NODE_LABEL_KEYS", "team")
     manifest = yaml.safe_load((REPO / "examples/jobset-v6e-multislice.yaml").read_text())
     cpu = yaml.safe_load(yaml.safe_dump(manifest["spec"]["replicatedJobs"][0]))
     cpu["name"], cpu["replicas"] = "coordinator", 1

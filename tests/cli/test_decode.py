@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.emulators.logging import entries as le
+from shared.events import entries as le
 from shared.events.envelope import ClusterId
 from tests.paths import EXAMPLES
 from tpuprov.commands import decode as cli_decode

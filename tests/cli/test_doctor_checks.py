@@ -13,6 +13,7 @@ from google.cloud.logging_v2.types import LogSink
 from google.iam.v1 import policy_pb2
 from google.pubsub_v1.types import Subscription
 
+from shared.core.settings import Settings
 from shared.tpu.nodepools import ClusterInfo
 from tpuprov.doctor.checks import (
     APPLY,
@@ -23,6 +24,7 @@ from tpuprov.doctor.checks import (
     check_release_channel,
     check_role,
     check_sinks,
+    check_spending,
     check_wiring,
 )
 from tpuprov.doctor.google import enabled_names, role_view, sink_view
@@ -284,58 +286,125 @@ def test_sinks(sinks: list[SinkView], publishers: dict[str, frozenset[str]], wan
     assert next(c for c in check_sinks(E, sinks, publishers) if c.name == want.name) == want
 
 
+K = "kueue-system/kueue-controller-manager"
+J = "jobset-system/jobset-controller-manager"
+SETUP = "publish the setup message (tpuprov publish setup --wait 600)"
+TESTED_KUEUE = "supported: tested, in the range v0.17-v0.19"
+
+
 @pytest.mark.parametrize(
-    ("view", "pinned", "want"),
+    ("view", "pinned", "upgrade", "want"),
     [
         (
-            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.19.2", True),
+            AddonView("kueue", K, True, "v0.19.2", True),
             "v0.19.2",
-            Check("kueue", True, "v0.19.2 (pinned), kueue-system/kueue-controller-manager Available"),
+            "keep-newer",
+            Check("kueue", True, f"v0.19.2 (pinned), {TESTED_KUEUE}; {K} Available"),
         ),
         (
-            AddonView("kueue", "kueue-system/kueue-controller-manager", False, "", False),
+            AddonView("kueue", K, False, "", False),
             "v0.19.2",
+            "keep-newer",
+            Check("kueue", False, f"not installed (no Deployment {K}): {SETUP}"),
+        ),
+        (
+            AddonView("kueue", K, True, "v0.18.0", True),
+            "v0.19.2",
+            "keep-newer",
             Check(
                 "kueue",
                 False,
-                "not installed (no Deployment kueue-system/kueue-controller-manager): publish the "
-                "setup message (tpuprov publish setup --wait 600)",
+                "v0.18.0 runs (supported: the v0.18 line, tested at v0.18.4), older than the pinned v0.19.2: "
+                f"{SETUP} to upgrade it",
             ),
         ),
         (
-            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.18.0", True),
+            AddonView("kueue", K, True, "v0.16.0", True),
             "v0.19.2",
+            "keep-newer",
             Check(
                 "kueue",
                 False,
-                "v0.18.0 runs, pinned v0.19.2: publish the setup message (tpuprov publish setup --wait 600)",
+                "v0.16.0 runs (unsupported: older than the range v0.17-v0.19), older than the pinned "
+                f"v0.19.2: {SETUP} to upgrade it",
             ),
         ),
         (
-            AddonView("kueue", "kueue-system/kueue-controller-manager", True, "v0.20.0", True),
+            AddonView("kueue", K, True, "v0.20.0", True),
             "v0.19.2",
+            "keep-newer",
             Check(
                 "kueue",
                 False,
-                "v0.20.0 runs, newer than the pinned v0.19.2, and setup leaves it alone: set the "
-                "infra variable kueue_version to v0.20.0, or reinstall v0.19.2",
+                "v0.20.0 runs (unsupported: newer than the range v0.17-v0.19), newer than the pinned "
+                f"v0.19.2, and setup leaves it alone: set ADDON_UPGRADE=pinned and {SETUP} to install "
+                "v0.19.2",
             ),
         ),
         (
-            AddonView("jobset", "jobset-system/jobset-controller-manager", True, "v0.10.1", False),
+            AddonView("jobset", J, True, "v0.11.1", True),
             "v0.10.1",
+            "keep-newer",
+            Check(
+                "jobset",
+                True,
+                "v0.11.1, newer than the pinned v0.10.1, kept (ADDON_UPGRADE=keep-newer), supported: tested, "
+                f"in the range v0.10-v0.12; {J} Available",
+            ),
+        ),
+        (
+            AddonView("jobset", J, True, "v0.11.1", True),
+            "v0.10.1",
+            "pinned",
             Check(
                 "jobset",
                 False,
-                "v0.10.1 installed but jobset-system/jobset-controller-manager is not Available: "
+                "v0.11.1 runs (supported: tested, in the range v0.10-v0.12), newer than the pinned v0.10.1; "
+                f"ADDON_UPGRADE=pinned replaces it with v0.10.1: {SETUP}",
+            ),
+        ),
+        (
+            AddonView("jobset", J, True, "main", True),
+            "v0.10.1",
+            "pinned",
+            Check(
+                "jobset",
+                False,
+                "main runs (unsupported: not a release version (supported: v0.10-v0.12)), and setup leaves a "
+                "build it cannot place alone: replace it with a release in the supported range, or delete "
+                f"Deployment {J} and {SETUP} to install v0.10.1",
+            ),
+        ),
+        (
+            AddonView("jobset", J, True, "v0.10.1", False),
+            "v0.10.1",
+            "keep-newer",
+            Check(
+                "jobset",
+                False,
+                f"v0.10.1 (pinned) installed but {J} is not Available: "
                 "kubectl describe deployment -n jobset-system jobset-controller-manager",
             ),
         ),
     ],
-    ids=["ok", "absent", "older", "newer", "unavailable"],
+    ids=[
+        "ok",
+        "absent",
+        "older",
+        "older-unsupported",
+        "newer-unsupported",
+        "newer-kept",
+        "newer-pinned",
+        "unknown",
+        "unavailable",
+    ],
 )
-def test_addon(view: AddonView, pinned: str, want: Check) -> None:
-    assert check_addon(view, pinned) == want
+def test_addon(view: AddonView, pinned: str, upgrade: str, want: Check) -> None:
+    assert check_addon(view, pinned, upgrade) == want
+
+
+def test_addon_defaults_to_keep_newer() -> None:
+    assert check_addon(AddonView("jobset", J, True, "v0.12.0", True), "v0.10.1").ok
 
 
 def test_reach() -> None:
@@ -427,3 +496,25 @@ def test_sink_and_subscription_and_policy_protos() -> None:
         ]
     )
     assert publishers_in(policy) == frozenset({WRITER})
+
+
+@pytest.mark.parametrize(
+    ("env", "ok", "detail"),
+    [
+        ({}, False, "no spending limit stated, so provision buys nothing"),
+        ({"UNLIMITED_SPENDING": "true"}, True, "UNLIMITED_SPENDING (stated on purpose)"),
+        ({"CHIP_BUDGET": "512"}, True, "CHIP_BUDGET 512 chips in all"),
+        ({"KUEUE_ONLY": "true"}, True, "KUEUE_ONLY: Kueue's ClusterQueue quotas"),
+        (
+            {"TENANTS": '{"team-a": {"chips": 256, "reservations": ["res-a"]}, "label:team=ml": {}}'},
+            True,
+            'TENANTS["label:team=ml"]: no chip limit, no reservation; TENANTS["team-a"]: 256 chips, res-a; '
+            "any other namespace: nothing",
+        ),
+    ],
+    ids=["nothing-stated", "unlimited", "budget", "kueue-only", "tenants"],
+)
+def test_doctor_says_who_may_spend_what(env: dict[str, str], ok: bool, detail: str) -> None:
+    check = check_spending(Settings.from_env({"PROJECT_ID": "p", **env}))
+    assert (check.name, check.ok) == ("spending", ok)
+    assert detail in check.detail

@@ -101,7 +101,9 @@ def google() -> Iterator[tuple[GoogleDeployment, _Fake]]:
     thread.start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     roots = ApiRoots(f"{base}/su", f"{base}/iam", f"{base}/crm", f"{base}/run")
-    deployment = GoogleDeployment(Settings(project_id="p"), Expected("p"), "us-central1", roots)
+    deployment = GoogleDeployment(
+        Settings(unlimited_spending=True, project_id="p"), Expected("p"), "us-central1", roots
+    )
     deployment.__dict__["_credentials"] = AnonymousCredentials()  # no ADC on a test machine
     try:
         yield deployment, server

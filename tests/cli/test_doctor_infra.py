@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from sandbox.emulators.iam import SHORT_NAMES
+from shared.app.deployment import ACCOUNTS
 from tests.infra.hcl import INFRA, module
 from tpuprov.doctor.views import PUBLISHER_ROLE, SETUP_ROLE, Expected
 
@@ -17,7 +17,7 @@ def _text(path: str) -> str:
 def test_service_accounts_roles_and_their_bindings() -> None:
     infra = module()
     functions = infra.locals["functions"]
-    assert {f: spec["short"] for f, spec in functions.items()} == SHORT_NAMES
+    assert {f: spec["short"] for f, spec in functions.items()} == ACCOUNTS
     runtime = infra.resource("google_service_account", "runtime")
     assert runtime["account_id"] == "${var.topic_prefix}-${each.value.short}"
     role = infra.resource("google_project_iam_custom_role", "function")

@@ -6,15 +6,12 @@ Golden table and JSON; ``UPDATE_GOLDEN=1`` rewrites them after an intended chang
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.cli.goldens import assert_golden, manifest_file
 from tpuprov.main import main
-
-GOLDEN = Path(__file__).parent / "golden"
 
 
 def _jobset(name: str, selectors: dict[str, str], topology: str = "2x2x2") -> dict:
@@ -54,24 +51,13 @@ MANIFEST = [
 
 @pytest.fixture
 def manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("CAPACITY_POLICY", "NODE_LOCATIONS", "LOCATION", "DISK_TYPE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NODE_LOCATIONS", "us-east5-b,us-east5-a")
-    path = tmp_path / "selectors.yaml"
-    path.write_text(yaml.safe_dump_all(MANIFEST))
-    return path
-
-
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text()
+    env = {"NODE_LOCATIONS": "us-east5-b,us-east5-a", "NODE_LABEL_KEYS": "team"}
+    return manifest_file(tmp_path, monkeypatch, "selectors.yaml", MANIFEST, env)
 
 
 def test_plan_table_shows_each_selectors_fate(manifest: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "-f", str(manifest), "--location", "us-east5"]) == 1  # two are refused
-    _golden("plan-selectors.txt", capsys.readouterr().out)
+    assert_golden("plan-selectors.txt", capsys.readouterr().out)
 
 
 def test_plan_json_says_where_each_selector_comes_from(
@@ -79,7 +65,7 @@ def test_plan_json_says_where_each_selector_comes_from(
 ) -> None:
     assert main(["plan", "-f", str(manifest), "--location", "us-east5", "-o", "json"]) == 1
     out = capsys.readouterr().out
-    _golden("plan-selectors.json", out)
+    assert_golden("plan-selectors.json", out)
     rows = {r["jobset"]: r for r in json.loads(out)}
     assert rows["ml/resilient"]["selectors"] == {
         "cloud.google.com/gke-location-hint": "cell-a: set by the product as a node label",

@@ -1,4 +1,7 @@
-"""The README's raw ``gcloud pubsub topics publish`` messages are the ones the CLI form beside each sends.
+"""docs/deploy.md's raw ``gcloud pubsub topics publish`` messages are the ones the CLI form beside each sends.
+
+The README links docs/deploy.md for checking a deployment by hand; its "Check a deployment" section holds the
+commands.
 
 Each raw message is decoded the way its function decodes it, and compared with what ``tpuprov publish``
 builds from the CLI line just above it (run against a recording publisher), so neither can drift.
@@ -27,7 +30,7 @@ COMPARED = ("kind", "cluster", "namespace", "pod", "name", "reason", "outcome", 
 
 
 def _commands() -> list[list[str]]:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "deploy.md").read_text()
     start = text.index("Check a deployment by publishing")
     block = text[text.index("```sh\n", start) + len("```sh\n") :]
     block = block[: block.index("```")]
@@ -72,7 +75,7 @@ def _pairs() -> list[Any]:
     return pairs
 
 
-def test_the_readme_shows_a_raw_message_for_every_topic() -> None:
+def test_the_deploy_page_shows_a_raw_message_for_every_topic() -> None:
     topics = {_gcloud(w)[0].rsplit("/", 1)[1] for w in _commands() if w[0] == "gcloud"}
     suffixes = set(cli_publish.publish.TOPIC_SUFFIXES.values()) | {"reconcile"}
     assert topics == {f"tpuprov-{suffix}" for suffix in suffixes}

@@ -16,12 +16,13 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.tpu.jobsets import expand_pods
+from shared.tpu.jobsets import expand_jobs, expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
 from tpuprov import status
 
 SETTINGS = Settings(
+    unlimited_spending=True,
     project_id="p",
     location="us-east5-b",
     cluster_name="c",
@@ -48,6 +49,7 @@ def _jobset(
         }
     if suspend:
         jobset["spec"]["suspend"] = True
+        jobset["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}  # queued in Kueue
     return jobset
 
 
@@ -92,8 +94,8 @@ BASE = status.PoolRow(
     why="",
 )
 HOLD_WHY = (
-    "JobSet team-a/old no longer exists; kept idle for team-a/next slice[0], which needs exactly this "
-    "shape ({idle}s of the 120s handover window used)"
+    "JobSet team-a/old no longer exists; kept idle for team-a/next slice (1 slice(s) without a pool), "
+    "which needs exactly this shape ({idle}s of the 120s handover window used)"
 )
 
 CASES = [
@@ -185,7 +187,23 @@ CASES = [
 def test_status_row_says_what_the_release_path_does_next(
     pool: NodePoolInfo, jobsets: list[dict[str, Any]], pods: list[dict[str, Any]], expected: status.PoolRow
 ) -> None:
-    assert status.pool_rows([pool], jobsets, pods, [NODE], PRICES, NOW, SETTINGS) == [expected]
+    # The Jobs the JobSet controller made: through them a pod on the pool is proven its JobSet's own.
+    jobs = [job for js in jobsets for job in expand_jobs(js)]
+    assert status.pool_rows([pool], jobsets, pods, [NODE], PRICES, NOW, SETTINGS, jobs=jobs) == [expected]
+
+
+def test_a_pod_that_only_names_a_jobset_holds_nothing() -> None:
+    # Labels are the pod's own word: without its Job proving it the JobSet's, it does not occupy the pool.
+    [row] = status.pool_rows(
+        [POOL],
+        [_jobset("new", NEW_UID)],
+        [_running_pod(_jobset("new", NEW_UID))],
+        [NODE],
+        PRICES,
+        NOW,
+        SETTINGS,
+    )
+    assert (row.next, row.running) == ("delete", ())
 
 
 def test_drain_mode_holds_nothing_for_queued_jobsets() -> None:

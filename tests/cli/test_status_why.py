@@ -24,8 +24,8 @@ from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.provisioning.releaser import Releaser
-from shared.tpu.jobsets import expand_pods
+from shared.provisioning.release.releaser import Releaser
+from shared.tpu.jobsets import expand_jobs, expand_pods, link_pods
 from shared.tpu.slices import build_node_pool, slice_request
 from tpuprov import status
 from tpuprov.cluster import ClusterView
@@ -109,7 +109,10 @@ def cluster(world: Any) -> dict[str, Any]:
         pools[jobset["metadata"]["name"]] = spec.name
     world.gke.finish_operations()
     # train runs on its own pool, and one more of its pods on the deleted JobSet's (spot) pool.
-    train_pods = expand_pods(train, pending=False)
+    # Their Jobs first, as the JobSet controller makes them: a pod counts on a pool only through its
+    # Job (labels prove nothing), and the API server assigns the Jobs' uids.
+    jobs = [kube.put(job) for js in (train, starved, bad) for job in expand_jobs(js)]
+    train_pods = link_pods(expand_pods(train, pending=False), jobs)
     nodes = [_node(f"{pools[k]}-n{i}", pools[k]) for k in ("train", "done", "gone") for i in range(2)]
     nodes[4]["metadata"]["labels"][labels.SPOT] = "true"
     for node in nodes:
@@ -118,13 +121,13 @@ def cluster(world: Any) -> dict[str, Any]:
         pod["spec"]["nodeName"] = nodes[i]["metadata"]["name"]
         pod["status"] = {"phase": "Running"}
         kube.put(pod)
-    extra = expand_pods(train, pending=False)[0]
+    extra = link_pods(expand_pods(train, pending=False), jobs)[0]
     extra["metadata"]["name"] = "train-slice-0-extra"
     extra["spec"]["nodeName"] = nodes[4]["metadata"]["name"]
     extra["status"] = {"phase": "Running"}
     kube.put(extra)
     for jobset in (starved, bad):
-        kube.put(expand_pods(jobset)[0])
+        kube.put(link_pods(expand_pods(jobset), jobs)[0])
     # Release for the deleted JobSet, as its audit entry triggers it: train runs on that pool, so the
     # product hands the pool over to train instead of deleting it.
     release = str(world.kube.kubeconfig_for("release"))  # as the release function's identity
@@ -142,12 +145,14 @@ def _rows(view: ClusterView) -> list[status.PoolRow]:
     for node in nodes:  # the API server stamps nodes with the wall clock: pin them to the fixture's time
         node["metadata"]["creationTimestamp"] = CREATED
     prices = status.Prices.load()
-    return status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, view.settings)
+    return status.pool_rows(
+        view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, view.settings, jobs=view.jobs()
+    )
 
 
 def _golden(name: str, text: str) -> None:
     # Pool names end in a hash of the JobSet's uid, which the API server assigns: mask it.
-    text = re.sub(r"(tpu-[a-z0-9-]+-)[0-9a-f]{8}\b", r"\1########", text)
+    text = re.sub(r"(tpu-[a-z0-9-]+-)[0-9a-f]{16}\b", r"\1################", text)
     path = GOLDEN / name
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
@@ -294,7 +299,9 @@ def test_status_notes_pools_built_under_settings_since_changed(cluster: dict[str
     for node in nodes:
         node["metadata"]["creationTimestamp"] = CREATED
     prices = status.Prices.load()
-    rows = status.pool_rows(view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, changed)
+    rows = status.pool_rows(
+        view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, changed, jobs=view.jobs()
+    )
     same = {(r.name, r.leak, r.next) for r in _rows(view)}
     assert {(r.name, r.leak, r.next) for r in rows} == same  # drift is no leak and changes no fate
     assert {r.drift for r in rows} == {

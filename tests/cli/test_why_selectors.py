@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from sandbox.jobsets import tpu_jobset
 from shared.core import labels
 from shared.core.settings import Settings
@@ -10,7 +12,13 @@ from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
 from tpuprov.why import explain
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+SETTINGS = Settings(
+    unlimited_spending=True,
+    project_id="p",
+    location="us-east5-b",
+    cluster_name="c",
+    node_label_keys=("team",),
+)
 UID = "0b9a1c3e-1111-4222-8333-444455556666"
 
 
@@ -50,3 +58,17 @@ def test_why_names_a_pool_that_no_longer_fits() -> None:
         "(GKE sets it from config.spot). "
         "Provision deletes it and builds it again once no JobSet pod runs on it"
     ) in text
+
+
+def test_why_names_the_capacity_provision_asks_for_now() -> None:
+    # The JobSet's policy starts at Spot; its slice's Spot attempt stocked out, and the record says
+    # the next attempt is on-demand: why says what provision will ask for, not the first option.
+    pod, jobset = _case({})
+    jobset["metadata"]["annotations"] = {labels.CAPACITY_POLICY: "spot, on-demand"}
+    assert "on spot@us-east5-b." in explain(pod, jobset, [], [], [], SETTINGS)
+    name = slice_request(pod).pool_name
+    record = {
+        name: {"attempts": 1, "failedAt": 1, "option": "spot@us-east5-b", "next": "on-demand@us-east5-b"}
+    }
+    jobset["metadata"]["annotations"][labels.SLICE_FAILURES] = json.dumps(record)
+    assert "on on-demand@us-east5-b." in explain(pod, jobset, [], [], [], SETTINGS)

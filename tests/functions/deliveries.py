@@ -3,25 +3,15 @@ LogEntry GKE exports for its pods."""
 
 from __future__ import annotations
 
-import copy
-
-from sandbox.emulators.logging import entries as logentries
 from shared.core import labels
-from shared.tpu.jobsets import expand_pods
+from shared.events import entries as logentries
 from tests.conftest import CLUSTER_ID
 
 
 def submit(world, jobset, mutate=None):
-    """Create the JobSet (the API assigns its uid) and its pending pods, as the controllers would."""
-    jobset = copy.deepcopy(jobset)
-    jobset["metadata"].pop("uid", None)
-    stored = world.kube.put(jobset)
-    pods = []
-    for pod in expand_pods(stored):
-        if mutate:
-            mutate(pod)
-        pods.append(world.kube.put(pod))
-    return stored, pods
+    """Create the JobSet (the API assigns its uid), its Jobs and their pending pods, as the
+    controllers would."""
+    return world.kube.submit_jobset(jobset, mutate)
 
 
 def pending_event(pod, cluster=CLUSTER_ID, **kwargs):

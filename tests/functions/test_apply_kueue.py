@@ -38,6 +38,7 @@ MULTI = (REPO / "examples" / "kueue" / "multi-flavor.yaml").read_bytes()
 @contextlib.contextmanager
 def _function(kubeconfig: Path) -> Iterator[LoggedFunction]:
     settings = Settings(
+        unlimited_spending=True,
         project_id="test-proj",
         location="us-central2-b",
         cluster_name="test-cluster",

@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.kube.cluster import RealCluster
 from sandbox.kube.snapshot import Snapshot
 from sandbox.testing import boundary as bench_boundary
@@ -36,6 +35,7 @@ from sandbox.testing.boundary import (
     wrap_body,
 )
 from sandbox.testing.fixtures.kube import KubeHandle
+from shared.events import entries as logentries
 from shared.events.envelope import MAX_LOG_ENTRY_BYTES, PUBSUB_EVENT_TYPE
 from shared.events.fields import (
     CONTROLLER_NAME_LABEL,

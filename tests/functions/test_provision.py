@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
+from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
 from tests.functions.deliveries import pending_event, submit
 

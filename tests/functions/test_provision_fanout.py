@@ -7,16 +7,14 @@ answers as the emulator saw them, never wall time.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.app import entry
 from shared.core import labels
-from shared.tpu.jobsets import expand_pods
+from shared.events import entries as logentries
+from shared.provisioning.services import Services
 from tests.conftest import CLUSTER_ID
 
 pytestmark = pytest.mark.integration
@@ -24,9 +22,7 @@ pytestmark = pytest.mark.integration
 
 def submit(world, replicas):
     jobset = tpu_jobset("wide", "team-a", replicas=replicas, topology="2x2", chips_per_vm=4)
-    jobset["metadata"].pop("uid", None)
-    stored = world.kube.put(copy.deepcopy(jobset))
-    return [world.kube.put(pod) for pod in expand_pods(stored)]
+    return world.kube.submit_jobset(jobset)[1]
 
 
 def pending_event(pod):
@@ -159,7 +155,7 @@ def test_reconcile_pages_its_lists_and_asks_only_for_pending_pods(world):
         world.kube.patch_status("v1", "pods", "team-a", pod["metadata"]["name"], {"phase": "Running"})
     world.kube.clear_requests()
     kube = KubeClient(world.kube.api_client("reconcile"), page_size=2)
-    summary = Reconciler(world.settings, GkeNodePoolAPI(world.gke.url), kube).sweep()
+    summary = Reconciler(Services(world.settings, GkeNodePoolAPI(world.gke.url), kube)).sweep()
     assert summary.requested == 5  # the first pending pod's replicated job, all five slices
     lists = [path for method, path in world.kube.requests if method == "GET" and "limit=2" in path]
     pod_pages = [p for p in lists if p.startswith("/api/v1/pods")]

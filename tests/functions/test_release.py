@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.core import labels
+from shared.events import entries as logentries
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolSpec
 from shared.tpu.slices import build_node_pool, slice_request
@@ -164,11 +164,7 @@ def test_reconcile_function_sweeps_orphans_and_heals_missed_creations(world):
     reconcile = FunctionClient("reconcile")
     _, orphan_pools = with_pools(world, "orphan", replicas=1)
     world.kube.delete(JOBSET_API, "jobsets", "team-a", "orphan")
-    lost = tpu_jobset("lost", "team-a", replicas=1)
-    lost["metadata"].pop("uid")
-    stored = world.kube.put(lost)
-    for pod in expand_pods(stored):
-        world.kube.put(pod)
+    world.kube.submit_jobset(tpu_jobset("lost", "team-a", replicas=1))
     unmanaged_pool(world)
     tick = {"data": "", "attributes": {}, "messageId": "tick-1", "publishTime": "2026-11-21T00:00:00Z"}
     assert reconcile.post_message(tick).status_code == 200

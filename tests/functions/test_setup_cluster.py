@@ -116,6 +116,93 @@ def test_bad_payloads_are_invalid_input(payload: bytes, reason: str) -> None:
         parse_setup_payload(payload)
 
 
+# ----------------------------------------------------------------------------- which clusters
+# Through the function as Cloud Run serves it; the installer is replaced by a recorder, so a test
+# sees exactly which clusters would have been set up (and that no API is reached otherwise).
+
+
+class _Recorded:
+    changed = False
+
+    def summary(self) -> str:
+        return "recorded"
+
+
+@pytest.fixture
+def installs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The clusters setup_cluster went on to install on (nothing else reaches an API)."""
+    from shared.app import setup_handlers
+
+    seen: list[str] = []
+
+    def no_objects(runtime: object, cluster_path: str) -> object:
+        return cluster_path
+
+    class RecordingInstaller:
+        def __init__(self, objects: str, settings: Settings) -> None:
+            self.objects = objects
+
+        def install(self, cluster: str = "") -> _Recorded:
+            seen.append(cluster)
+            return _Recorded()
+
+    monkeypatch.setattr(setup_handlers, "objects_for", no_objects)
+    monkeypatch.setattr(setup_handlers, "Installer", RecordingInstaller)
+    return seen
+
+
+def _served(setup_clusters: tuple[str, ...] = ()) -> AbstractContextManager[LoggedFunction]:
+    settings = Settings(
+        unlimited_spending=True,
+        project_id="test-proj",
+        location="us-central2-b",
+        cluster_name="test-cluster",
+        # Nothing here may be reached: a call to either would fail the delivery.
+        gke_api_endpoint="http://127.0.0.1:9",
+        kube_api_endpoint="http://127.0.0.1:9",
+        setup_clusters=setup_clusters,
+    )
+    return served_function("setup_cluster", settings, "tpuprov-setup")
+
+
+OTHER_PROJECT_CLUSTER = "projects/someone-else/locations/us-central2-b/clusters/test-cluster"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"cluster": NEW_CLUSTER},
+        {"cluster": OTHER_PROJECT_CLUSTER},
+        {"project": "test-proj", "location": "us-central2-b", "cluster": "another"},
+        _audit_entry(),
+    ],
+    ids=["other-project", "same-name-other-project", "same-project-other-cluster", "audit-entry"],
+)
+def test_a_cluster_the_deployment_does_not_manage_is_acknowledged_and_left_alone(
+    installs: list[str], payload: dict[str, Any]
+) -> None:
+    with _served() as function:
+        response = function.post(json.dumps(payload).encode())
+    assert response.status_code == 200
+    assert installs == []
+    [ignored] = function.events("setup.ignored")
+    assert ignored["severity"] == "WARNING"
+    assert "is not a cluster this deployment sets up" in ignored["message"]
+    assert MANAGED in ignored["message"] and "SETUP_CLUSTERS" in ignored["message"]
+    assert function.events("setup.done") == []
+
+
+def test_the_managed_cluster_and_the_listed_ones_are_set_up(installs: list[str]) -> None:
+    with _served() as function:
+        assert function.post(json.dumps({"cluster": MANAGED}).encode()).status_code == 200
+    with _served(setup_clusters=(NEW_CLUSTER,)) as function:
+        assert function.post(json.dumps(_audit_entry()).encode()).status_code == 200
+        assert function.post(json.dumps({"cluster": OTHER_PROJECT_CLUSTER}).encode()).status_code == 200
+        [ignored] = function.events("setup.ignored")
+        assert OTHER_PROJECT_CLUSTER in ignored["message"]
+    assert installs == [MANAGED, NEW_CLUSTER]
+
+
 # ----------------------------------------------------------------------------- over the wire
 # On a real control plane (see sandbox.testing.fixtures.releases); the function authenticates with
 # its own kubeconfig. The tests that need the releases' webhooks served come last.
@@ -140,8 +227,11 @@ def fresh(rig: ReleaseCluster) -> KubeHandle:
 def serve(rig: ReleaseCluster) -> FunctionFactory:
     """The function app as Cloud Run serves it, configured for the cluster with small bounds."""
 
-    def start(timeout: int = 60, webhook_retry: int = 20) -> AbstractContextManager[LoggedFunction]:
+    def start(
+        timeout: int = 60, webhook_retry: int = 20, setup_clusters: tuple[str, ...] = ()
+    ) -> AbstractContextManager[LoggedFunction]:
         settings = Settings(
+            unlimited_spending=True,
             project_id="test-proj",
             location="us-central2-b",
             cluster_name="test-cluster",
@@ -150,6 +240,7 @@ def serve(rig: ReleaseCluster) -> FunctionFactory:
             setup_timeout_seconds=timeout,
             setup_webhook_retry_seconds=webhook_retry,
             setup_poll_interval_ms=50,
+            setup_clusters=setup_clusters,
         )
         return served_function("setup_cluster", settings, "tpuprov-setup")
 
@@ -230,10 +321,12 @@ def test_manual_message_installs_and_both_controllers_become_available(
 
 
 @pytest.mark.integration
-def test_cluster_creation_audit_entry_bootstraps_another_cluster(
-    fresh: KubeHandle, function: LoggedFunction
+def test_cluster_creation_audit_entry_bootstraps_a_listed_cluster(
+    fresh: KubeHandle, serve: FunctionFactory
 ) -> None:
-    response = function.post(json.dumps(_audit_entry()).encode())
+    # Only because SETUP_CLUSTERS names it (the test's control plane stands in for that cluster).
+    with serve(setup_clusters=(NEW_CLUSTER,)) as function:
+        response = function.post(json.dumps(_audit_entry()).encode())
     assert response.status_code == 200
     assert _deployment_version(fresh, "kueue-system", "kueue-controller-manager") == "v0.19.2"
     [done] = function.events("setup.done")

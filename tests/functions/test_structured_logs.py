@@ -8,7 +8,6 @@ delivery produced is checked; then each decision is looked up by its stable ``ev
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from collections.abc import Iterator
@@ -16,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels, logs
-from shared.tpu.jobsets import expand_pods
+from shared.events import entries as logentries
 from tests.conftest import CLUSTER_ID, PROJECT
 
 pytestmark = pytest.mark.integration
@@ -84,15 +82,7 @@ def deliver(function: str, entry: dict[str, Any], mode: str = "binary") -> None:
 
 
 def submit(world, jobset: dict[str, Any], mutate=None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    jobset = copy.deepcopy(jobset)
-    jobset["metadata"].pop("uid", None)
-    stored = world.kube.put(jobset)
-    pods = []
-    for pod in expand_pods(stored):
-        if mutate is not None:
-            mutate(pod)
-        pods.append(world.kube.put(pod))
-    return stored, pods
+    return world.kube.submit_jobset(jobset, mutate)
 
 
 def pending(pod: dict[str, Any]) -> dict[str, Any]:

@@ -7,18 +7,16 @@ that does create, so "no create" cannot pass by accident.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.jobsets import tpu_jobset
 from sandbox.kube.api import ApiError
 from sandbox.testing.fnclient import FunctionClient
 from shared.core import labels
-from shared.tpu.jobsets import expand_pods
+from shared.events import entries as logentries
 from tests.conftest import CLUSTER_ID
 
 pytestmark = pytest.mark.integration
@@ -40,16 +38,8 @@ def fn(world):
 
 
 def submit(world, jobset: dict[str, Any], mutate: Mutate | None = None) -> tuple[dict[str, Any], list[dict]]:
-    """Store the JobSet (the API assigns its uid) and its pending pods, optionally altered."""
-    jobset = copy.deepcopy(jobset)
-    jobset["metadata"].pop("uid", None)
-    stored = world.kube.put(jobset)
-    pods = []
-    for pod in expand_pods(stored):
-        if mutate is not None:
-            mutate(pod)
-        pods.append(world.kube.put(pod))
-    return stored, pods
+    """Store the JobSet (the API assigns its uid), its Jobs and their pending pods, optionally altered."""
+    return world.kube.submit_jobset(jobset, mutate)
 
 
 def post_pending(fn: FunctionClient, pod: dict[str, Any]) -> None:
@@ -254,7 +244,8 @@ def test_hostile_label_material_is_refused_before_any_create(world, fn, mutate):
 
 
 def test_valid_selectors_are_copied_and_ownership_labels_are_exactly_the_products(world, fn):
-    extra = {"team": "ml", "example.com/tier": "gold", "sub.tpuprov.dev/cost-center": "c-42"}
+    world.configure(node_label_keys=("team", "example.com/"))
+    extra = {"team": "ml", "example.com/tier": "gold"}
     jobset, pods = submit(
         world, tpu_jobset("copy", "team-a", replicas=1, topology="2x2", selectors=extra), None
     )
@@ -270,5 +261,92 @@ def test_valid_selectors_are_copied_and_ownership_labels_are_exactly_the_product
     assert node_labels[labels.OWNER_JOB_INDEX] == "0"
     assert pool["config"]["resourceLabels"] == {
         labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.RESOURCE_LABEL_NAMESPACE: "team-a",
         labels.RESOURCE_LABEL_JOBSET: "copy",
     }
+
+
+@pytest.mark.parametrize(
+    ("key", "allowed", "why"),
+    [
+        ("team", (), "NODE_LABEL_KEYS does not allow that key"),
+        ("example.com/tier", ("team",), "NODE_LABEL_KEYS does not allow that key"),
+        ("sandbox.gke.io/runtime", ("sandbox.gke.io/",), "belong to GKE's node features"),
+        ("node.gke.io/x", (), "belong to GKE's node features"),
+    ],
+    ids=["no-allowlist", "other-key-allowed", "gke-io-even-if-listed", "gke-io-subdomain"],
+)
+def test_a_selector_becomes_a_node_label_only_when_the_operator_allows_its_key(world, fn, key, allowed, why):
+    # A tenant's selector would otherwise stamp any label onto a pool: one other workloads select
+    # (attracting or breaking them), one GKE's node features read, one a cost report groups by.
+    if allowed and not any(a.endswith(".gke.io/") for a in allowed):
+        world.configure(node_label_keys=allowed)
+    _, pods = submit(world, tpu_jobset("lbl", "team-a", replicas=1, topology="2x2", selectors={key: "v"}))
+    post_pending(fn, pods[0])
+    assert world.gke.count("create") == 0
+    assert any(why in m for m in refusals(world)), refusals(world)
+
+
+# --- repeated and forged events -----------------------------------------------------------------------
+
+
+def test_a_storm_of_forged_events_about_one_pod_costs_one_decision(world, fn):
+    # Anyone who may write log entries in the project can write what the sinks route here. The pod is
+    # real and pending but belongs to no JobSet's Job: the first delivery decides (no Job controls it,
+    # so it is refused before any GKE call), the next hundred within EVENT_COALESCE_SECONDS cost
+    # nothing at all.
+    world.configure(event_coalesce_seconds=60)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "forged",
+            "namespace": "team-a",
+            "labels": {
+                labels.JOBSET_NAME: "ghost",
+                labels.REPLICATED_JOB_NAME: "slice",
+                labels.JOB_INDEX: "0",
+            },
+        },
+        "spec": {
+            "nodeSelector": {labels.TPU_ACCELERATOR: "tpu-v6e-slice", labels.TPU_TOPOLOGY: "2x2"},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "resources": {
+                        "requests": {labels.TPU_RESOURCE: "4"},
+                        "limits": {labels.TPU_RESOURCE: "4"},
+                    },
+                }
+            ],
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        },
+    }
+    world.kube.put(pod)
+    world.kube.clear_requests()
+    for _ in range(100):
+        post_pending(fn, pod)
+    assert world.gke.count("list") == 0 and world.gke.count("create") == 0
+    assert world.kube.count("GET", "/pods/forged") == 1  # the pod read once, not a hundred times
+    # Entries about pods that do not exist at all cost one read each object, then nothing.
+    world.kube.clear_requests()
+    for i in range(100):
+        post_pending(fn, {"metadata": {"name": f"nobody-{i % 5}", "namespace": "team-a"}})
+    assert world.kube.count("GET") == 5 and world.gke.count("create") == 0
+
+
+def test_a_delivery_that_failed_is_decided_again_on_redelivery(world, fn):
+    # Coalescing never swallows a retry: only decisions that were made are remembered.
+    world.configure(event_coalesce_seconds=60)
+    _, pods = submit(world, tpu_jobset("retry", "team-a", replicas=1, topology="2x2"))
+    world.kube.set_down(True)
+    meta = pods[0]["metadata"]
+    entry = logentries.pod_event_entry(CLUSTER_ID, meta["namespace"], meta["name"], meta.get("uid", ""))
+    assert fn.post_entry(entry).status_code == 503
+    world.kube.set_down(False)
+    assert fn.post_entry(entry).status_code == 200
+    assert world.gke.count("create") == 1

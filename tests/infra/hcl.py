@@ -93,3 +93,30 @@ def first(blocks: Any) -> dict[str, Any]:
     assert isinstance(blocks, list) and len(blocks) == 1, blocks
     result: dict[str, Any] = blocks[0]
     return result
+
+
+def hcl_block(path: Path, header: str) -> str:
+    """The text of the block that starts with ``header`` (e.g. 'variable "extra_env"'), braces
+    matched outside strings and comments."""
+    text = path.read_text()
+    start = text.index(header + " {")
+    depth, i, in_string = 0, text.index("{", start), False
+    while True:
+        ch = text[i]
+        if in_string:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "#":
+            i = text.index("\n", i)
+            continue
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        i += 1

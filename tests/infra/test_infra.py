@@ -335,6 +335,9 @@ def test_reconcile_tick_every_five_minutes() -> None:
 def test_broad_roles_only_on_the_setup_function() -> None:
     root = module()
     grants = root.of_type("google_project_iam_member")
+    # The dedicated node service account's least-privilege roles (tests/infra/test_iam_scope.py).
+    node_roles = grants.pop("node_roles")
+    assert node_roles["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
     seen_event_grant = False
     for name, grant in grants.items():
         member = grant["member"]
@@ -342,6 +345,8 @@ def test_broad_roles_only_on_the_setup_function() -> None:
         if grant["role"] in BROAD_ROLES:
             assert member == 'serviceAccount:${google_service_account.runtime["setup_cluster"].email}', name
             assert grant["role"] == "roles/container.admin"
+            # Held on the managed cluster and SETUP_CLUSTERS only, never on every cluster of the project.
+            assert first(grant["condition"])["expression"] == "${module.setup_cluster_condition.expression}"
         else:
             # Per-function custom roles, bound to the same function's account.
             assert grant["role"] == "${google_project_iam_custom_role.function[each.key].id}", name
@@ -403,7 +408,7 @@ def test_functions_framework_accepts_the_push_subscriptions_request(
     import functions_framework
     from cloudevents.http import CloudEvent
 
-    from sandbox.emulators.logging import entries as logentries
+    from shared.events import entries as logentries
     from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
 
     source = tmp_path / "main.py"

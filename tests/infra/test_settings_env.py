@@ -1,7 +1,8 @@
-"""Every setting the README documents can be deployed, and reaches every service.
+"""Every setting docs/settings.md documents can be deployed, and reaches every service.
 
-The README's "Settings" table is read at run time, so a setting added there (with its field in
-``shared/core/settings.py``) is covered without touching this file: it is set either by a variable
+The settings table of docs/settings.md (the one place settings are documented, linked from the README) is
+read at run time, so a setting added there (with its field in ``shared/core/settings.py``) is covered
+without touching this file: it is set either by a variable
 of its own (``local.function_env`` in infra/main.tf) or through the one ``extra_env`` map. Where
 terraform is installed, the variable validations and the function module's preconditions are run by
 terraform itself (``terraform plan`` over the verbatim blocks; no provider needed).
@@ -20,29 +21,37 @@ from pathlib import Path
 import pytest
 
 from shared.core.settings import CONTROL_PLANE_ENDPOINTS, Settings
-from tests.infra.hcl import INFRA, TF_ENV, WIRING, first, module
+from tests.infra.hcl import INFRA, TF_ENV, WIRING, first, hcl_block, module
 from tests.paths import REPO
 
-README = REPO / "README.md"
+SETTINGS_PAGE = REPO / "docs" / "settings.md"
+# Every page a setting could be documented on besides SETTINGS_PAGE: none of them may hold a settings table.
+OTHER_PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "infra" / "README.md")
 FIELDS = {field.name.upper() for field in dataclasses.fields(Settings)}
 TERRAFORM = shutil.which("terraform")
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
 
 
-@cache
-def readme_settings() -> tuple[str, ...]:
-    """Env names in the first column of the README's "Settings" table, in table order."""
-    text = README.read_text()
-    start = re.search(r"^## Settings\b.*$", text, re.M)
-    assert start is not None, "README has no '## Settings' section"
-    section = text[start.end() :]
-    end = re.search(r"^## ", section, re.M)
-    section = section[: end.start()] if end else section
+def table_settings(text: str) -> list[str]:
+    """Env names in the first column of every table row of ``text``, in order."""
     names: list[str] = []
-    for line in section.splitlines():
+    for line in text.splitlines():
         cells = line.split("|")
         if line.startswith("|") and len(cells) > 2:
             names += re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[1])
+    return names
+
+
+@cache
+def documented_settings() -> tuple[str, ...]:
+    """Env names in the first column of docs/settings.md's "Settings" table, in table order."""
+    text = SETTINGS_PAGE.read_text()
+    start = re.search(r"^# Settings\b.*$", text, re.M)
+    assert start is not None, "docs/settings.md has no '# Settings' title"
+    section = text[start.end() :]
+    end = re.search(r"^#{1,2} ", section, re.M)
+    section = section[: end.start()] if end else section
+    names = table_settings(section)
     assert len(names) > 20, f"the Settings table was not parsed: {names}"
     return tuple(names)
 
@@ -52,17 +61,33 @@ def dedicated() -> set[str]:
     return set(module().locals["function_env"])
 
 
-# --- the README and the settings agree ---------------------------------------------------------
+# --- the settings page and the settings agree --------------------------------------------------
 
 
-def test_the_readme_documents_only_real_settings() -> None:
-    unknown = sorted(set(readme_settings()) - FIELDS)
-    assert not unknown, f"README names settings shared/core/settings.py does not have: {unknown}"
+def test_the_settings_page_documents_only_real_settings() -> None:
+    unknown = sorted(set(documented_settings()) - FIELDS)
+    assert not unknown, f"docs/settings.md names settings shared/core/settings.py does not have: {unknown}"
 
 
-def test_every_setting_is_documented_in_the_readme() -> None:
-    undocumented = sorted(FIELDS - set(readme_settings()))
-    assert not undocumented, f"settings missing from the README's Settings table: {undocumented}"
+def test_every_setting_is_documented_on_the_settings_page() -> None:
+    undocumented = sorted(FIELDS - set(documented_settings()))
+    assert not undocumented, f"settings missing from docs/settings.md's Settings table: {undocumented}"
+
+
+def test_every_setting_is_documented_exactly_once() -> None:
+    names = documented_settings()
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    assert not repeated, f"docs/settings.md documents these settings more than once: {repeated}"
+    # The table is the whole page's only table and ends it, so rows are appended at its end.
+    tables = re.findall(r"^\| env \| default \| meaning \|$", SETTINGS_PAGE.read_text(), re.M)
+    assert len(tables) == 1, "docs/settings.md must hold exactly one settings table"
+    # No other page has a row that documents a setting (a first cell opening with its env name).
+    for page in OTHER_PAGES:
+        if page != SETTINGS_PAGE:
+            rows = re.findall(r"^\|\s*`([A-Z][A-Z0-9_]*)`", page.read_text(), re.M)
+            elsewhere = sorted(set(rows) & FIELDS)
+            where = page.relative_to(REPO)
+            assert not elsewhere, f"{where} documents settings {elsewhere}: link docs/settings.md instead"
 
 
 # --- every documented setting can be set -------------------------------------------------------
@@ -77,9 +102,9 @@ def _extra_env_accepts(name: str) -> bool:
     return bool(re.fullmatch(pattern.group(1).replace("\\\\", "\\"), name)) and name not in reserved
 
 
-def test_every_readme_setting_has_a_variable_or_fits_extra_env() -> None:
-    refused = [n for n in readme_settings() if n not in dedicated() and not _extra_env_accepts(n)]
-    assert not refused, f"the README documents settings infra/ cannot set: {refused}"
+def test_every_documented_setting_has_a_variable_or_fits_extra_env() -> None:
+    refused = [n for n in documented_settings() if n not in dedicated() and not _extra_env_accepts(n)]
+    assert not refused, f"docs/settings.md documents settings infra/ cannot set: {refused}"
     assert not _extra_env_accepts("PORT") and not _extra_env_accepts("node_locations")
 
 
@@ -128,33 +153,6 @@ def test_vpc_egress_is_direct_vpc_egress_for_private_ranges_only() -> None:
 # --- terraform runs the same checks ------------------------------------------------------------
 
 
-def hcl_block(path: Path, header: str) -> str:
-    """The text of the block that starts with ``header`` (e.g. 'variable "extra_env"'), braces
-    matched outside strings and comments."""
-    text = path.read_text()
-    start = text.index(header + " {")
-    depth, i, in_string = 0, text.index("{", start), False
-    while True:
-        ch = text[i]
-        if in_string:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch == "#":
-            i = text.index("\n", i)
-            continue
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-        i += 1
-
-
 def _plan(directory: Path, variables: dict[str, object]) -> subprocess.CompletedProcess[str]:
     (directory / "terraform.tfvars.json").write_text(json.dumps(variables))
     if not (directory / ".terraform").exists():
@@ -178,9 +176,9 @@ def _plan(directory: Path, variables: dict[str, object]) -> subprocess.Completed
 
 
 @needs_terraform
-def test_terraform_accepts_every_readme_setting_in_extra_env(tmp_path: Path) -> None:
+def test_terraform_accepts_every_documented_setting_in_extra_env(tmp_path: Path) -> None:
     (tmp_path / "main.tf").write_text(hcl_block(INFRA / "variables.tf", 'variable "extra_env"'))
-    others = {name: "x" for name in readme_settings() if name not in dedicated()}
+    others = {name: "x" for name in documented_settings() if name not in dedicated()}
     accepted = _plan(tmp_path, {"extra_env": others})
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     for bad in ("PORT", "K_SERVICE", "FUNCTION_TARGET", "idle_pool_seconds"):

@@ -1,4 +1,4 @@
-"""The sink filters in sinks/ against LogEntries as GKE writes them (sandbox.emulators.logging.entries).
+"""The sink filters in sinks/ against LogEntries as GKE writes them (shared.events.entries).
 
 Each filter must export what its function acts on and nothing it would only throw away, and the
 files must render the same through the sandbox's template code and Terraform's ``templatefile``.
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.emulators.logging import entries as logentries
 from sandbox.emulators.logging.filter import LogFilter, load_filter, render_template
+from shared.events import entries as logentries
 from shared.events.envelope import (
     ClusterId,
     JobSetDeleted,

@@ -1,5 +1,8 @@
 """The benchmark at small scale, asserting what it COUNTS (never timing), plus the instance cache it led to.
 
+One exception: the declared-pods part's goal is relative (declared pods against a baseline, 1.5x
++ 1 s and + 32 MiB), and the cost it guards against was minutes and gigabytes, so it is asserted.
+
 The storm runs against real functions-framework processes and both emulators; the cache tests run
 the Provisioner over the stateful fakes with a controllable clock.
 """
@@ -14,8 +17,10 @@ import pytest
 
 from sandbox.bench import cluster as bench_cluster
 from sandbox.bench import coldstart as bench_coldstart
+from sandbox.bench import declared as bench_declared
 from sandbox.bench import env as bench_env
 from sandbox.bench import fanout as bench_fanout
+from sandbox.bench import forged as bench_forged
 from sandbox.bench import handover as bench_handover
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import report as bench_report
@@ -27,11 +32,12 @@ from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_STOPPING
 from tpuprov import main as cli
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+SETTINGS = Settings(unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c")
 CLUSTER = SETTINGS.cluster_path
 
 
@@ -100,6 +106,9 @@ def test_cold_start_probes_ack_without_calls_and_first_create_creates_once(env, 
 
 @pytest.mark.slow
 @pytest.mark.integration
+# Every part of the bench, small, one after another: about 5 minutes on a loaded 2-core machine,
+# which the suite's default 300 s does not leave room for.
+@pytest.mark.timeout(600)
 def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     out = tmp_path / "results"
     argv = [
@@ -115,6 +124,8 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     ]
     argv += ["--cluster-nodes", "20", "--cluster-pods", "200", "--cluster-jobsets", "10"]
     argv += ["--cluster-pools", "4"]
+    argv += ["--declared-pods", "6400", "--declared-jobsets", "2"]
+    argv += ["--forged-events", "30", "--forged-ghosts", "5"]
     # Exit 1 would mean a timing target was missed on a loaded machine: timings are make bench's
     # business, so only the counts are judged here.
     assert cli.main([*argv, "--slices", "3", "--hosts", "2", "--repeats", "2", "--concurrency", "3"]) in (
@@ -139,6 +150,9 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     admission = [t for t in report["targets"] if t["name"].startswith("admission check")]
     assert len(admission) == 12 and all(t["met"] for t in admission), admission
     assert "**Slices before pods**" in markdown
+    assert report["declared_pods"]["declared"]["declared_pods"] == 2 * 50 * 64
+    assert report["forged_storm"]["creates_real"] == 4
+    assert "**Declared pods**" in markdown and "**Forged-event storm**" in markdown
 
 
 @pytest.mark.slow
@@ -196,6 +210,50 @@ def test_handover_part_creates_pools_for_the_queue_not_for_every_jobset():
     assert f"| pools adopted (TPUSliceAdopted) / deleted / leaked | {result.pools_adopted} / 2 / 0 |" in lines
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+def test_declared_pods_cost_release_and_reconcile_nothing(tmp_path):
+    # The goal (sandbox/bench/declared.py, from the physical limit): a declared pod is a number in a
+    # spec, so a million of them cost what the baseline costs: 1.5x its time + 1 s, + 32 MiB.
+    shape = bench_declared.DeclaredShape()
+    result = bench_declared.run(shape, tmp_path)
+    baseline, declared = result.baseline, result.declared
+    assert baseline.declared_pods == shape.jobsets * shape.vms  # one slice each
+    assert declared.declared_pods >= 1_000_000
+    # Held for the queue in both rows: the demand was computed, over every queued JobSet (without it
+    # the gone owners' pools would have been deleted).
+    assert baseline.pools_kept == declared.pools_kept == 2
+    # The same API calls whatever the JobSets declare.
+    for part in ("sweep", "release_first", "release"):
+        ours, base = getattr(declared, part), getattr(baseline, part)
+        assert (ours.kube_requests, ours.gke_calls) == (base.kube_requests, base.gke_calls), part
+    limits, figures = result.limits(), result.figures()
+    assert all(figures[k] <= limits[k] for k in limits), (figures, limits)
+    lines = bench_report.declared_lines({"declared_pods": bench_declared.as_dict(result)})
+    assert any(f"| declared | {shape.jobsets} x 977 x 64 | 1,000,448 |" in line for line in lines), lines
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_forged_storm_lists_once_per_object_per_window_and_creates_only_real_slices(env, tmp_path):
+    shape = bench_forged.ForgedShape()
+    result = bench_forged.run(env, shape, tmp_path)
+    assert result.total == 500 and result.non_2xx == 0
+    assert result.objects == {"forged": 1, "ghosts": 50, "real": shape.slices * shape.hosts}
+    assert result.window_seconds == 5  # EVENT_COALESCE_SECONDS left at its default
+    # The goal: GKE lists bounded by the objects named, at most one per object per window.
+    assert result.gke_calls.get("list", 0) <= result.list_bound
+    # Exactly one create per slice of the real JobSet; none for the forged pod or the missing ones.
+    assert result.creates_real == shape.slices == result.real_pools
+    assert result.creates_other == 0
+    assert result.gke_calls.get("create", 0) == shape.slices
+    assert "delete" not in result.gke_calls and "update" not in result.gke_calls
+    lines = bench_report.forged_lines({"forged_storm": bench_forged.as_dict(result)})
+    assert (
+        f"| creates: the real JobSet's slices / any other | {shape.slices} of {shape.slices} / 0 |" in lines
+    )
+
+
 def test_cli_rejects_non_positive_counts(tmp_path, capsys):
     assert cli.main(["bench", "--slices", "0", "--out", str(tmp_path)]) == 2
     assert "must be >= 1" in capsys.readouterr().err
@@ -221,7 +279,7 @@ def deliver(service, pod):
 
 def test_duplicates_within_the_ttl_cost_one_read_and_no_listing():
     gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock))
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
     reads_before, lists_before = kube.reads, gke.count("list")
@@ -234,7 +292,7 @@ def test_duplicates_within_the_ttl_cost_one_read_and_no_listing():
 
 def test_a_pool_deleted_behind_the_cache_is_created_again_once_the_ttl_expires():
     gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock))
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
     [name] = gke.managed_names(CLUSTER)
@@ -251,11 +309,11 @@ def test_pools_on_their_way_out_are_never_remembered(status):
     # Without a stockout backoff: this is about the instance's memory, not about waiting out failures.
     settings = SETTINGS.with_overrides(stockout_backoff_seconds=0)
     gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
-    service = Provisioner(settings, gke, kube, known_pool_ttl=30, clock=clock)
+    service = Provisioner(Services(settings, gke, kube, known_pool_ttl=30, clock=clock))
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
     [name] = gke.managed_names(CLUSTER)
-    fresh = Provisioner(settings, gke, kube, known_pool_ttl=30, clock=clock)
+    fresh = Provisioner(Services(settings, gke, kube, known_pool_ttl=30, clock=clock))
     gke.mark(CLUSTER, name, status)
     assert deliver(fresh, pods[0]).result == EXISTS  # listed, in its final state
     gke.delete_node_pool(CLUSTER, name, "gone")
@@ -264,7 +322,7 @@ def test_pools_on_their_way_out_are_never_remembered(status):
 
 def test_a_callers_listing_bypasses_the_cache():
     gke, kube, clock = FakeGke(), FakeKube(), FakeClock(1000.0)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=30, clock=clock))
     pods = pending(kube)
     assert deliver(service, pods[0]).result == CREATED
     gke.delete_node_pool(CLUSTER, gke.managed_names(CLUSTER)[0], "gone")
@@ -274,7 +332,7 @@ def test_a_callers_listing_bypasses_the_cache():
 
 def test_without_a_ttl_nothing_is_remembered():
     gke, kube = FakeGke(), FakeKube()
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     pods = pending(kube)
     for pod in pods * 3:
         deliver(service, pod)
@@ -293,7 +351,7 @@ class SlowListGke(FakeGke):
 @pytest.mark.parametrize("ttl", [0.0, 30.0], ids=["no-ttl", "ttl"])
 def test_concurrent_deliveries_for_one_slice_send_one_create(ttl):
     gke, kube = SlowListGke(), FakeKube()
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=ttl)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=ttl))
     pods = pending(kube, replicas=2)  # two slices of four hosts
     start = threading.Barrier(len(pods) * 2)
     outcomes = []

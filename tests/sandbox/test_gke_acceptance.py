@@ -110,6 +110,7 @@ def test_every_buildable_pool_is_accepted(
     accelerator, topology, chips = shape
     location, _, channel, node_locations = CLUSTER_KINDS[kind]
     settings = Settings(
+        unlimited_spending=True,
         project_id=PROJECT,
         location=location,
         cluster_name=kind,

@@ -14,7 +14,7 @@ from sandbox.emulators.gke.capacity import (
 )
 from sandbox.emulators.gke.rules import ApiError
 from sandbox.testing.clock import FakeClock
-from shared.provisioning.backoff import is_quota_error
+from shared.cloud.errors import is_resource_quota as is_quota_error
 
 ZONE_A, ZONE_B = "us-central2-a", "us-central2-b"
 

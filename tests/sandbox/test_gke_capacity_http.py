@@ -12,9 +12,9 @@ import pytest
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.kube.nodes import FLEX_START, node_manifests, pool_from_gke
 from sandbox.testing.clock import FakeClock
+from shared.cloud.errors import is_resource_quota as is_quota_error
 from shared.cloud.gke import GkeNodePoolAPI
-from shared.core.errors import NotFoundError, RejectedError, TransientError
-from shared.provisioning.backoff import is_quota_error
+from shared.core.errors import CapacityUnavailableError
 from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
 
 CLUSTER = "projects/test-proj/locations/us-central2/clusters/regional"
@@ -141,9 +141,9 @@ def test_capacity_window_runs_on_wall_time() -> None:
 def test_quota_refusal_is_a_synchronous_403_with_gke_text(gke: GkeEmulator, api: GkeNodePoolAPI) -> None:
     gke.set_quota("us-central2", "v5e", 16, preemptible=True)
     api.create_node_pool(CLUSTER, spec("one", spot=True), why="test")
-    with pytest.raises(RejectedError) as caught:
+    # GKE's 403 for a quota is this attempt's capacity (shared.cloud.errors decides it once).
+    with pytest.raises(CapacityUnavailableError) as caught:
         api.create_node_pool(CLUSTER, spec("two", spot=True), why="test")
-    assert caught.value.code == 403
     assert "Insufficient regional quota to satisfy request" in str(caught.value)
     assert 'resource "PREEMPTIBLE_TPU_LITE_PODSLICE_V5"' in str(caught.value)
     assert is_quota_error(str(caught.value))
@@ -160,11 +160,15 @@ def test_reservation_is_consumed_and_refusals_are_synchronous(
     finish(gke, clock)
     assert status(api, "reserved") == ("RUNNING", "")
     assert gke.capacity_report()["reservations"]["res-a"]["used"] == 16
-    with pytest.raises(TransientError, match="Reservation does not have enough resources"):
+    # Compute's answers about a specific reservation (a 429 full, a 404 missing in the zone) are the
+    # attempt's capacity too.
+    with pytest.raises(CapacityUnavailableError, match="Reservation does not have enough resources"):
         api.create_node_pool(CLUSTER, spec("more", reservation="res-a", nodes=1), why="test")
-    with pytest.raises(NotFoundError, match='reservation "res-a" not found for node pool "zone-b"'):
+    with pytest.raises(
+        CapacityUnavailableError, match='reservation "res-a" not found for node pool "zone-b"'
+    ):
         api.create_node_pool(CLUSTER, spec("zone-b", ZONE_B, reservation="res-a"), why="test")
-    with pytest.raises(NotFoundError, match='reservation "nope" not found'):
+    with pytest.raises(CapacityUnavailableError, match='reservation "nope" not found'):
         api.create_node_pool(CLUSTER, spec("unknown", reservation="nope"), why="test")
     api.delete_node_pool(CLUSTER, "reserved", why="done")
     finish(gke, clock)

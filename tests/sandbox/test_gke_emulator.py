@@ -738,3 +738,48 @@ def test_realism_is_off_by_default(gke_emulator: GkeEmulator, client: Any) -> No
         create(client, make_pool(name))
     assert gke_emulator.answered("create", 200) == 8
     assert gke_emulator.running_operations(GKE_TEST_CLUSTER) == 0
+
+
+NO_WI_CLUSTER = "projects/test-proj/locations/us-central2-b/clusters/no-wi"
+
+
+def test_gke_metadata_needs_workload_identity_on_the_cluster(client: gke.ClusterManagerClient) -> None:
+    # container_v1 WorkloadMetadataConfig.Mode: GKE_METADATA only with Workload Identity enabled at
+    # the cluster level. The default seed has it (workloadPool PROJECT.svc.id.goog), so it is accepted.
+    assert client.get_cluster(name=GKE_TEST_CLUSTER, retry=None).workload_identity_config.workload_pool == (
+        "test-proj.svc.id.goog"
+    )
+    pool = make_pool()
+    pool.config.workload_metadata_config = gke.WorkloadMetadataConfig(
+        mode=gke.WorkloadMetadataConfig.Mode.GKE_METADATA
+    )
+    create(client, pool)
+    stored = client.get_node_pool(name=f"{GKE_TEST_CLUSTER}/nodePools/pool-a", retry=None)
+    assert stored.config.workload_metadata_config.mode == gke.WorkloadMetadataConfig.Mode.GKE_METADATA
+
+    seed = ClusterSeed.from_path(NO_WI_CLUSTER, workload_identity=False)
+    with GkeEmulator([seed], op_delay=0) as emulator:
+        other = rest_client(emulator.url)
+        assert not other.get_cluster(name=NO_WI_CLUSTER, retry=None).workload_identity_config.workload_pool
+        with pytest.raises(core.BadRequest) as refused:
+            create(other, pool, cluster=NO_WI_CLUSTER)
+        # The REST client prefixes GKE's message with the request line.
+        assert refused.value.message.endswith(
+            ": Workload metadata mode GKE_METADATA requires Workload Identity to be enabled on the "
+            "cluster (workloadIdentityConfig.workloadPool is not set)."
+        )
+        assert emulator.pools(NO_WI_CLUSTER) == []
+        # Without the mode (or with the Compute metadata server) the pool is GKE's ordinary business.
+        pool.config.workload_metadata_config = gke.WorkloadMetadataConfig(
+            mode=gke.WorkloadMetadataConfig.Mode.GCE_METADATA
+        )
+        create(other, pool, cluster=NO_WI_CLUSTER)
+        assert [p["name"] for p in emulator.pools(NO_WI_CLUSTER)] == ["pool-a"]
+
+
+def test_cluster_seeds_have_a_workload_pool_unless_seeded_without() -> None:
+    seed = ClusterSeed.from_path(NO_WI_CLUSTER, workload_identity=False)
+    assert (seed.workload_pool, ClusterSeed.from_path(NO_WI_CLUSTER).workload_pool) == (
+        "",
+        "test-proj.svc.id.goog",
+    )

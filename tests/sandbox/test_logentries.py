@@ -1,4 +1,4 @@
-"""Round trips: LogEntry builders (sandbox.emulators.logging.entries) -> envelopes -> decoders."""
+"""Round trips: LogEntry builders (shared.events.entries) -> envelopes -> decoders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.emulators.logging import entries as le
+from shared.events import entries as le
 from shared.events.envelope import (
     ClusterId,
     Decoded,

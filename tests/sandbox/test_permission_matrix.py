@@ -169,6 +169,9 @@ def _calls(emulators: dict[str, Any], token: str) -> dict[str, Callable[[], Any]
         "KubeAPI.list_nodes": lambda: kube.list_nodes(),
         "KubeAPI.set_unschedulable": lambda: kube.set_unschedulable("n-0", True, "t"),
         "KubeAPI.get_jobset": lambda: kube.get_jobset("team-a", "train"),
+        # Authorization comes before the lookup: the Job need not exist.
+        "KubeAPI.get_job": lambda: kube.get_job("team-a", "train-slice-0"),
+        "KubeAPI.get_namespace_labels": lambda: kube.get_namespace_labels("team-a"),
         "KubeAPI.list_jobsets": lambda: kube.list_jobsets("team-a"),
         "KubeAPI.annotate_jobset": lambda: kube.annotate_jobset(
             "team-a", "train", {"a": "b"}, _version(emulators), "t"

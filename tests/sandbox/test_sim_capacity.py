@@ -10,8 +10,8 @@ import pytest
 from sandbox.emulators.gke.capacity import CapacityModel
 from sandbox.sim.engine import Simulation
 from sandbox.sim.gke import SimGke
-from shared.core.errors import NotFoundError, RejectedError
-from shared.provisioning.backoff import is_quota_error
+from shared.cloud.errors import is_resource_quota as is_quota_error
+from shared.core.errors import CapacityUnavailableError
 from shared.tpu.nodepools import NodePoolSpec, Placement, Reservation
 
 CLUSTER = "projects/sim/locations/us-central2/clusters/sim"
@@ -78,15 +78,15 @@ def test_spot_stockout_then_on_demand_lands(sim: Simulation, capacity: CapacityM
 def test_quota_refusal_is_raised_like_the_adapter_raises_a_403(capacity: CapacityModel, gke: SimGke) -> None:
     capacity.set_quota("us-central2", "v5e", 16)
     gke.create_node_pool(CLUSTER, spec("one"), why="test")
-    with pytest.raises(RejectedError) as caught:
+    with pytest.raises(CapacityUnavailableError) as caught:
         gke.create_node_pool(CLUSTER, spec("two"), why="test")
-    assert caught.value.code == 403 and is_quota_error(str(caught.value))
+    assert is_quota_error(str(caught.value))
     assert (gke.stats.refused, sorted(gke.pools)) == (1, ["one"])
 
 
 def test_unknown_reservation_is_not_found(capacity: CapacityModel, gke: SimGke) -> None:
     capacity.add_reservation("res-a", ZONE_A, 16)
-    with pytest.raises(NotFoundError, match="not found for node pool"):
+    with pytest.raises(CapacityUnavailableError, match="not found for node pool"):
         gke.create_node_pool(CLUSTER, spec("r", ZONE_B, reservation="res-a"), why="test")
 
 

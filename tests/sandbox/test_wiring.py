@@ -18,13 +18,11 @@ import pytest
 from cloudevents.http import from_http
 
 from sandbox.emulators.eventarc import EventarcRelay
-from sandbox.emulators.logging import entries as logentries
-from sandbox.emulators.logging.entries import pod_event_entry, pubsub_message
 from sandbox.emulators.sockets import ephemeral_range, free_ports, listener_is_ours
 from sandbox.kube.nodes import node_manifests, pool_from_gke
 from sandbox.realstack.demo_cli import is_routine
 from sandbox.stack.timeline import Timeline, TimelineEntry
-from sandbox.stack.wiring import (
+from shared.app.deployment import (
     FUNCTIONS,
     INFRA_MAX_DELIVERY_ATTEMPTS,
     INFRA_RETRY_POLICY,
@@ -32,6 +30,8 @@ from sandbox.stack.wiring import (
     TOPIC_PREFIX,
 )
 from shared.core import labels
+from shared.events import entries as logentries
+from shared.events.entries import pod_event_entry, pubsub_message
 from shared.events.envelope import ClusterId, PodUnschedulable, decode_cloud_event
 from tests.infra.hcl import module
 
@@ -317,8 +317,8 @@ def test_child_ports_come_from_below_the_ephemeral_range() -> None:
     ids=["demo", "demo-options", "sandbox-demo", "sandbox-up"],
 )
 def test_cli_parses_the_sandbox_commands(argv: list[str], command: str, extra: dict[str, Any]) -> None:
+    from sandbox.cli import sandbox as cli_sandbox
     from tpuprov import main as cli
-    from tpuprov.commands import sandbox as cli_sandbox
 
     args = cli.build_parser().parse_args(argv)
     assert args.func is cli_sandbox.run

@@ -22,6 +22,8 @@ from tpuprov.plan import plan
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_BAD_INPUT = 2
+# The zone planned for when none is given: where TPU v4, the first GKE TPU generation, is offered.
+DEFAULT_LOCATION = "us-central2-b"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     output.add_output_argument(parser)
     parser.add_argument(
-        "--location", default="", help="cluster zone (default: LOCATION env or us-central2-b)"
+        "--location", default="", help=f"cluster zone (default: LOCATION env or {DEFAULT_LOCATION})"
     )
     parser.set_defaults(func=run)
 
@@ -61,14 +63,19 @@ def rows_for(jobsets: list[dict[str, Any]], settings: Settings) -> list[dict[str
 
 
 def _selectors_cell(fates: dict[str, str]) -> str:
-    """Each selector's fate in a word: ``cloud.google.com/gke-spot=gke, team=product`` (-o json has
-    the whole sentence, with the pool field GKE derives it from)."""
-    short = {"set by GKE": "gke", "set by the product": "product"}
-    words = []
+    """Who sets each selected key on the pool's nodes, grouped, keys only: ``GKE sets
+    cloud.google.com/gke-spot; product sets team; refused: x`` (a ``key=word`` spelling would read
+    as the value the pod selects; -o json has each whole sentence, with the pool field GKE derives
+    it from)."""
+    groups: dict[str, list[str]] = {"GKE sets": [], "product sets": [], "refused:": []}
     for key, fate in fates.items():
-        word = next((w for phrase, w in short.items() if phrase in fate), "refused")
-        words.append(f"{key}={word}")
-    return ", ".join(words) or "-"
+        if "set by GKE" in fate:
+            groups["GKE sets"].append(key)
+        elif "set by the product" in fate:
+            groups["product sets"].append(key)
+        else:
+            groups["refused:"].append(key)
+    return "; ".join(f"{who} {', '.join(keys)}" for who, keys in groups.items() if keys) or "-"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -117,12 +124,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"tpuprov plan: {exc.why}", file=sys.stderr)
         return EXIT_BAD_INPUT
     settings = Settings.from_env()
-    settings = settings.with_overrides(location=args.location or settings.location or "us-central2-b")
+    location = args.location or settings.location
+    settings = settings.with_overrides(location=location or DEFAULT_LOCATION)
     rows = rows_for(jobsets, settings)
     output.emit(args.output, rows, lambda: table(rows))
+    sys.stdout.flush()  # the rows first, then what is said about them, when both go to one terminal
+    for warning in dict.fromkeys(r["warning"] for r in rows if r["warning"]):
+        print(f"tpuprov plan: warning: {warning}", file=sys.stderr)
+    if not location:
+        print(
+            f"tpuprov plan: planned for {DEFAULT_LOCATION} (no --location and no LOCATION); pools go "
+            "in your cluster's zone",
+            file=sys.stderr,
+        )
     refused = [r for r in rows if r["refused"]]
     if refused:
-        sys.stdout.flush()  # the rows first, then the verdict, when both go to one terminal
         print(f"tpuprov plan: {len(refused)} slice(s) would be refused", file=sys.stderr)
         return EXIT_REFUSED
     return EXIT_OK

@@ -7,7 +7,7 @@ import datetime
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tpuprov.cluster import add_cluster_arguments
 from tpuprov.output import add_output_argument
@@ -34,7 +34,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input."""
+    from shared.cloud.ports import KubeAPI
     from shared.core.errors import TpuProvError
+    from shared.provisioning.tenancy.spending import Spending
     from tpuprov import admission, output, status
     from tpuprov.cluster import ClusterView, settings_from
 
@@ -48,15 +50,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         view = ClusterView(settings_from(args))
+        pools = view.pools()
+        # The product's own accounts: the ClusterView answers the two reads Spending makes.
+        spent = Spending(view.settings, cast(KubeAPI, view))
         rows = status.pool_rows(
-            view.pools(),
+            pools,
             view.jobsets(),
             view.pods(),
             view.nodes(),
             prices,
             datetime.datetime.now(tz=datetime.UTC),
             view.settings,
+            jobs=view.jobs(),
+            workloads=_workloads(view),
+            may_spend=spent.never_holds,
         )
+        accounts = spent.accounts(pools)
     except TpuProvError as exc:
         print(f"tpuprov status: {exc.why}", file=sys.stderr)
         return 2
@@ -68,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1 if rows else 0
     doc = status.document(rows, prices)
-    section = ""
+    doc["spending"] = status.spending_document(accounts, view.settings)
+    section = status.spending_section(accounts, view.settings)
     try:
         health, checks = admission_section(view)
     except TpuProvError as exc:  # the pools are still worth showing
@@ -76,9 +86,20 @@ def run(args: argparse.Namespace) -> int:
         doc["admission_check"] = None
     else:
         doc["admission_check"] = admission.document(health, checks)
-        section = admission.render(health, checks)
+        section += admission.render(health, checks)
     output.emit(args.output, doc, lambda: status.render_table(rows, prices) + section)
     return 0
+
+
+def _workloads(view: Any) -> list[Any]:
+    """Kueue's Workloads ([] when Kueue is not installed): release keeps a suspended JobSet's pools on
+    what their status says, and status shows the same answer."""
+    from shared.core.errors import NotFoundError
+
+    try:
+        return list(view.list_workloads())
+    except NotFoundError:
+        return []
 
 
 def admission_section(view: Any) -> tuple[Any, list[Any]]:

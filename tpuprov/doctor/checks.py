@@ -9,7 +9,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from shared.setup.manifests import compare_versions
+from shared.core.settings import Settings
+from shared.setup.support import (
+    DOWNGRADE,
+    KEEP_NEWER,
+    KEEP_UNKNOWN,
+    SAME,
+    UPGRADE,
+    plan,
+    support,
+)
 from shared.tpu.nodepools import ClusterInfo
 from tpuprov.doctor.views import (
     PUBLISHER_ROLE,
@@ -184,30 +193,54 @@ def check_reach(view: ReachView) -> Check:
     return Check(name, True, f"as {view.function} through the {view.endpoint} endpoint")
 
 
-def check_addon(view: AddonView, pinned: str) -> Check:
-    """The add-on runs at the pinned version and its controller Deployment is Available."""
+def check_addon(view: AddonView, pinned: str, upgrade: str = KEEP_NEWER) -> Check:
+    """The add-on runs a supported version (``shared.setup.support``) that setup keeps as it is
+    (the pinned one, or a newer one with ADDON_UPGRADE=keep-newer), and its Deployment is Available.
+    The line names the installed version and whether it is supported."""
     name = view.component
     setup = "publish the setup message (tpuprov publish setup --wait 600)"
     if not view.installed:
         return Check(name, False, f"not installed (no Deployment {view.deployment}): {setup}")
-    if view.version != pinned:
-        order = compare_versions(view.version, pinned)
-        if order is not None and order > 0:
-            return Check(
-                name,
-                False,
-                f"{view.version} runs, newer than the pinned {pinned}, and setup leaves it alone: set the "
-                f"infra variable {view.component}_version to {view.version}, or reinstall {pinned}",
-            )
-        return Check(name, False, f"{view.version or 'an unknown version'} runs, pinned {pinned}: {setup}")
+    running = view.version or "an unknown version"
+    said = support(view.component, view.version).detail
+    action = plan(view.version, pinned, upgrade)
+    if action == UPGRADE:
+        return Check(
+            name, False, f"{running} runs ({said}), older than the pinned {pinned}: {setup} to upgrade it"
+        )
+    if action == DOWNGRADE:
+        return Check(
+            name,
+            False,
+            f"{running} runs ({said}), newer than the pinned {pinned}; ADDON_UPGRADE=pinned replaces it with "
+            f"{pinned}: {setup}",
+        )
+    if action == KEEP_UNKNOWN:
+        return Check(
+            name,
+            False,
+            f"{running} runs ({said}), and setup leaves a build it cannot place alone: replace it with a "
+            f"release in the supported range, or delete Deployment {view.deployment} and {setup} to "
+            f"install {pinned}",
+        )
+    if not support(view.component, view.version).supported:
+        return Check(
+            name,
+            False,
+            f"{running} runs ({said}), newer than the pinned {pinned}, and setup leaves it alone: set "
+            f"ADDON_UPGRADE=pinned and {setup} to install {pinned}",
+        )
+    kept = " (pinned)"
+    if action != SAME:
+        kept = f", newer than the pinned {pinned}, kept (ADDON_UPGRADE={upgrade})"
     if not view.available:
         return Check(
             name,
             False,
-            f"{pinned} installed but {view.deployment} is not Available: kubectl describe deployment "
+            f"{running}{kept} installed but {view.deployment} is not Available: kubectl describe deployment "
             f"-n {view.deployment.replace('/', ' ')}",
         )
-    return Check(name, True, f"{pinned} (pinned), {view.deployment} Available")
+    return Check(name, True, f"{running}{kept}, {said}; {view.deployment} Available")
 
 
 def check_admission_check(view: AdmissionCheckView) -> Check:
@@ -236,6 +269,35 @@ def check_admission_check(view: AdmissionCheckView) -> Check:
     return Check(name, True, f"{view.name} Active for ClusterQueue(s) {queues or '-'}")
 
 
+def check_spending(settings: Settings) -> Check:
+    """Who may spend what, as the provision function is deployed: fails when nothing is stated (then
+    provision buys nothing at all)."""
+    name = "spending"
+    if not settings.spending_stated:
+        return Check(
+            name,
+            False,
+            "no spending limit stated, so provision buys nothing: set chip_budget, tenants, kueue_only or "
+            f"unlimited_spending and {APPLY}",
+        )
+    said = []
+    if settings.unlimited_spending:
+        said.append("UNLIMITED_SPENDING (stated on purpose)")
+    if settings.kueue_only:
+        said.append("KUEUE_ONLY: Kueue's ClusterQueue quotas")
+    if settings.chip_budget:
+        said.append(f"CHIP_BUDGET {settings.chip_budget} chips in all")
+    for entry in settings.tenant_entries:
+        chips = "no chip limit" if entry.chips is None else f"{entry.chips} chips"
+        reservations = ", ".join(entry.reservations) if entry.reservations else "no reservation"
+        said.append(f'TENANTS["{entry.key}"]: {chips}, {reservations}')
+    if settings.tenant_entries and not any(e.key == "*" for e in settings.tenant_entries):
+        said.append("any other namespace: nothing")
+    if settings.namespace_allowlist:
+        said.append(f"only namespaces {', '.join(settings.namespace_allowlist)}")
+    return Check(name, True, "; ".join(said))
+
+
 def check_release_channel(cluster: ClusterInfo) -> Check:
     """What the cluster's release channel means for the pools the product creates."""
     if not cluster.release_channel:
@@ -243,12 +305,13 @@ def check_release_channel(cluster: ClusterInfo) -> Check:
             "release channel",
             True,
             "none: pools are created with auto-upgrade off and never upgrade on their own; upgrade them "
-            'between runs (README "Upgrades and running slices")',
+            'between runs (docs/functions.md "Upgrades and running slices")',
         )
     return Check(
         "release channel",
         True,
         f"{cluster.release_channel}: GKE requires auto-upgrade on its node pools, so pools are created with "
         "auto-upgrade and auto-repair on; an upgrade restarts the slice, so protect long runs with a "
-        'maintenance exclusion of scope no_minor_or_node_upgrades (README "Upgrades and running slices")',
+        "maintenance exclusion of scope no_minor_or_node_upgrades "
+        '(docs/functions.md "Upgrades and running slices")',
     )

@@ -22,12 +22,10 @@ from shared.cloud.endpoint import choose_endpoint
 from shared.cloud.kube import KubeClient
 from shared.core.errors import TpuProvError, TransientError
 from shared.core.settings import DEFAULT_SCOPES, Settings
-from shared.setup.manifests import Component
 from shared.tpu.nodepools import ClusterInfo
 from tpuprov.cluster import ClusterView
 from tpuprov.doctor.readers import (
-    addon_view,
-    admission_check_view,
+    ClusterObjectReads,
     publishers_in,
     read_subscriptions,
     read_topics,
@@ -35,8 +33,6 @@ from tpuprov.doctor.readers import (
 )
 from tpuprov.doctor.views import (
     SETUP_ROLE,
-    AddonView,
-    AdmissionCheckView,
     Expected,
     ReachView,
     RoleView,
@@ -96,7 +92,7 @@ def sink_view(sink: Any) -> SinkView:
 # -- the adapter ---------------------------------------------------------------------------------
 
 
-class GoogleDeployment:
+class GoogleDeployment(ClusterObjectReads):
     """``Deployment`` over the deployed project and cluster."""
 
     def __init__(
@@ -152,7 +148,9 @@ class GoogleDeployment:
     @functools.cached_property
     def _policy(self) -> dict[str, Any]:
         url = f"{self.roots.resource_manager}/projects/{self.project}:getIamPolicy"
-        return self._rest("POST", url, {}) or {}
+        # The functions' roles are bound with IAM conditions (infra/iam.tf): IAM returns a policy with
+        # conditional bindings only when version 3 is requested ("Policy versions", IAM docs).
+        return self._rest("POST", url, {"options": {"requestedPolicyVersion": 3}}) or {}
 
     def enabled_services(self) -> frozenset[str]:
         names: list[str] = []
@@ -182,6 +180,17 @@ class GoogleDeployment:
     def function_url(self, function: str) -> str:
         name = f"projects/{self.project}/locations/{self.region}/services/{self.expected.service(function)}"
         return str((self._rest("GET", f"{self.roots.run}/{name}") or {}).get("uri", ""))
+
+    def function_env(self, function: str) -> dict[str, str]:
+        # Cloud Run Admin API v2: a service's template lists each container's env as {name, value}.
+        name = f"projects/{self.project}/locations/{self.region}/services/{self.expected.service(function)}"
+        service = self._rest("GET", f"{self.roots.run}/{name}") or {}
+        containers = (service.get("template") or {}).get("containers") or [{}]
+        return {
+            str(e.get("name")): str(e.get("value", ""))
+            for e in containers[0].get("env") or []
+            if e.get("name")
+        }
 
     def sinks(self) -> list[SinkView]:
         from google.cloud.logging_v2.services.config_service_v2 import ConfigServiceV2Client
@@ -239,9 +248,3 @@ class GoogleDeployment:
         except TpuProvError as exc:
             return ReachView(function, endpoint, exc.why)
         return ReachView(function, endpoint, "")
-
-    def addon(self, component: Component) -> AddonView:
-        return addon_view(ClusterView(self.settings).objects, component)
-
-    def admission_check(self, name: str) -> AdmissionCheckView:
-        return admission_check_view(ClusterView(self.settings).objects, name)

@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from shared.core.errors import NotFoundError, TransientError
+from shared.core.settings import Settings
 from shared.setup.manifests import Component, deployed_version
+from tpuprov.cluster import ClusterView
 from tpuprov.doctor.views import AddonView, AdmissionCheckView, SubscriptionView
 
 
@@ -119,3 +121,16 @@ def admission_check_view(objects: Any, name: str) -> AdmissionCheckView:
         message=str(active.get("message") or "no Active condition"),
         queues=using,
     )
+
+
+class ClusterObjectReads:
+    """What every deployment reads the same way: the add-ons and the admission check, through the
+    cluster's API with the operator's own credentials (``settings`` as the deployment resolved it)."""
+
+    settings: Settings
+
+    def addon(self, component: Component) -> AddonView:
+        return addon_view(ClusterView(self.settings).objects, component)
+
+    def admission_check(self, name: str) -> AdmissionCheckView:
+        return admission_check_view(ClusterView(self.settings).objects, name)

@@ -22,6 +22,7 @@ from tpuprov.doctor.checks import (
     check_release_channel,
     check_role,
     check_sinks,
+    check_spending,
     check_wiring,
 )
 from tpuprov.doctor.views import Deployment, Expected
@@ -63,13 +64,21 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings) -> 
     checks += _section("pubsub", wiring)
     checks += _section("sinks", sinks)
     checks += _section("cluster reachable", lambda: [check_reach(deployment.reach(REACH_AS))])
-    checks += _section("jobset", lambda: [check_addon(deployment.addon(JOBSET), settings.jobset_version)])
-    checks += _section("kueue", lambda: [check_addon(deployment.addon(KUEUE), settings.kueue_version)])
+    upgrade = settings.addon_upgrade
+    checks += _section(
+        "jobset", lambda: [check_addon(deployment.addon(JOBSET), settings.jobset_version, upgrade)]
+    )
+    checks += _section(
+        "kueue", lambda: [check_addon(deployment.addon(KUEUE), settings.kueue_version, upgrade)]
+    )
     checks += _section(
         "admission check",
         lambda: [check_admission_check(deployment.admission_check(settings.admission_check_name))],
     )
     checks += _section("release channel", lambda: [check_release_channel(deployment.cluster())])
+    checks += _section(
+        "spending", lambda: [check_spending(Settings.from_env(deployment.function_env("provision")))]
+    )
     return checks
 
 

@@ -1,10 +1,10 @@
 """What ``tpuprov doctor`` reads about a deployment: small frozen views and the port that yields them.
 
 The checks (``tpuprov.doctor.checks``) are pure functions of these views. Two adapters implement
-``Deployment``: ``tpuprov.doctor.google`` over Google's APIs, and ``tpuprov.doctor.sandbox`` over a
+``Deployment``: ``tpuprov.doctor.google`` over Google's APIs, and ``sandbox.cli.doctor`` over a
 running sandbox stack. What the deployment *should* be comes from the same files Terraform applies
-(``infra/roles.json``) and the Terraform-checked restatement of ``infra/main.tf`` the sandbox wires
-its Pub/Sub with (``sandbox.stack.wiring``), so doctor, the sandbox and infra cannot drift apart.
+(``infra/roles.json``) and the Terraform-checked restatement of ``infra/main.tf`` that the sandbox
+also deploys by (``shared.app.deployment``), so doctor, the sandbox and infra cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Protocol
 
-from sandbox.emulators.iam import SHORT_NAMES
-from sandbox.stack.wiring import FUNCTIONS, SINKS, FunctionWiring
+from shared.app.deployment import FUNCTIONS, SINKS, FunctionWiring, service_account
 from shared.setup.manifests import Component
 from shared.tpu.nodepools import ClusterInfo
 
@@ -45,7 +44,7 @@ class Expected:
 
     def service_account(self, function: str) -> str:
         """The runtime service account infra/iam.tf creates for ``function``."""
-        return f"{self.prefix}-{SHORT_NAMES.get(function, function)}@{self.project}.iam.gserviceaccount.com"
+        return service_account(function, self.project, self.prefix)
 
     def role_name(self, function: str) -> str:
         """The role infra/iam.tf binds to ``function``'s service account."""
@@ -184,4 +183,8 @@ class Deployment(Protocol):
 
     def admission_check(self, name: str) -> AdmissionCheckView:
         """The product's AdmissionCheck ``name`` and the ClusterQueues using it."""
+        ...
+
+    def function_env(self, function: str) -> dict[str, str]:
+        """The environment ``function`` runs with (its settings as deployed)."""
         ...

@@ -39,6 +39,12 @@ variable "labels" {
   description = "Resource labels for the topics and the subscription."
 }
 
+variable "publishers" {
+  type        = map(string)
+  description = "IAM members who may publish to the source topic (roles/pubsub.publisher on it alone), keyed by a fixed label; a log sink grants its own writer identity (modules/sink)."
+  default     = {}
+}
+
 resource "google_pubsub_topic" "source" {
   #checkov:skip=CKV_GCP_83:CMEK is opt-in through var.pubsub_kms_key_name; messages are GKE event metadata, Google-managed keys by default.
   project      = var.project_id
@@ -70,6 +76,17 @@ resource "google_pubsub_subscription" "dead_letter" {
   expiration_policy {
     ttl = "" # never expire: dead letters may arrive months apart
   }
+}
+
+# Publishing rights are granted per topic, never on the project: whoever publishes here drives this
+# one function (operators by hand, Cloud Scheduler's tick on the reconcile topic).
+resource "google_pubsub_topic_iam_member" "publisher" {
+  for_each = var.publishers
+
+  project = var.project_id
+  topic   = google_pubsub_topic.source.name
+  role    = "roles/pubsub.publisher"
+  member  = each.value
 }
 
 resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {

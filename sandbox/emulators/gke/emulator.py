@@ -400,9 +400,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--release-channel", default="REGULAR", help="the clusters' release channel; '' for none"
     )
+    parser.add_argument(
+        "--no-workload-identity",
+        action="store_true",
+        help="seed the clusters without Workload Identity (GKE_METADATA node pools are then refused)",
+    )
     args = parser.parse_args(argv)
     seeds = [
-        ClusterSeed.from_path(path, args.endpoint, args.ca_cert_b64, release_channel=args.release_channel)
+        ClusterSeed.from_path(
+            path,
+            args.endpoint,
+            args.ca_cert_b64,
+            release_channel=args.release_channel,
+            workload_identity=not args.no_workload_identity,
+        )
         for path in args.cluster
     ]
     done = threading.Event()

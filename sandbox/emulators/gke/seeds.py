@@ -27,6 +27,15 @@ class ClusterSeed:
     ip_access: bool = True  # ipEndpointsConfig.enabled
     public_ip_access: bool = True  # ipEndpointsConfig.enablePublicEndpoint
     private_endpoint: str = "10.128.0.2"  # ipEndpointsConfig.privateEndpoint
+    # Workload Identity Federation for GKE (workloadIdentityConfig.workloadPool PROJECT.svc.id.goog).
+    # On by default: the product asks every TPU pool for GKE's metadata server, which GKE grants only
+    # on such clusters (rules.check_workload_metadata); False seeds a cluster without it.
+    workload_identity: bool = True
+
+    @property
+    def workload_pool(self) -> str:
+        """The cluster's workload identity pool, "" when Workload Identity is off."""
+        return f"{self.project}.svc.id.goog" if self.workload_identity else ""
 
     @property
     def path(self) -> str:
@@ -64,6 +73,7 @@ class ClusterSeed:
         ca_certificate_b64: str = "",
         locations: tuple[str, ...] = (),
         release_channel: str = "REGULAR",
+        workload_identity: bool = True,
     ) -> ClusterSeed:
         """Build a seed from ``projects/P/locations/L/clusters/C``; zones default to the location's zone."""
         parts = path.strip("/").split("/")
@@ -73,5 +83,12 @@ class ClusterSeed:
         if not locations:
             locations = (location,) if region_of(location) != location else (f"{location}-a",)
         return cls(
-            parts[1], location, parts[5], endpoint, ca_certificate_b64, tuple(locations), release_channel
+            parts[1],
+            location,
+            parts[5],
+            endpoint,
+            ca_certificate_b64,
+            tuple(locations),
+            release_channel,
+            workload_identity=workload_identity,
         )

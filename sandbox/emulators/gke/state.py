@@ -162,6 +162,8 @@ class GkeState:
             )
             cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
             seed.fill_endpoints(cluster)
+            if seed.workload_pool:
+                cluster.workload_identity_config.workload_pool = seed.workload_pool
             if seed.release_channel:
                 # proto-plus enums subclass an untyped base, so mypy cannot see EnumMeta's lookup by name.
                 channels: Any = cs.ReleaseChannel.Channel
@@ -212,7 +214,7 @@ class GkeState:
         self.advance()
         with self._lock:
             seed = self.cluster(path)
-            validate_create(pool, seed.location, seed.release_channel)
+            validate_create(pool, seed.location, seed.release_channel, seed.workload_pool)
             if self._policy_lookup is not None:
                 check_placement_policy(pool, seed.project, seed.location, self._policy_lookup)
             if pool.name in self._pools[path]:

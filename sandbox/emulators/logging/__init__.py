@@ -1,1 +1,2 @@
-"""Cloud Logging stand-ins: LogEntry builders, the sink filter language, and the log router."""
+"""Cloud Logging stand-ins: the sink filter language and the log router (the LogEntry builders are
+``shared.events.entries``, which ``tpuprov publish`` uses too)."""

@@ -1,7 +1,7 @@
 """Cloud Logging plus the product's log sinks, for the sandbox.
 
 Every Kubernetes Event written to the sandbox API becomes the LogEntry GKE's event exporter would
-write (``sandbox.emulators.logging.entries.kube_event_entry``; a Pod's top-level JobSet controller
+write (``shared.events.entries.kube_event_entry``; a Pod's top-level JobSet controller
 goes into the entry labels as GKE derives it), and every JobSet deletion the Admin Activity audit
 entry GKE writes (``jobset_delete_audit_entry``). Each entry is matched against the very filter
 files Terraform installs (``sinks/*.filter`` through ``sandbox.emulators.logging.filter``) and
@@ -23,14 +23,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandbox.emulators.logging.entries import (
+from sandbox.emulators.logging.filter import LogFilter, load_filter
+from sandbox.emulators.worker import QueueWorker
+from shared.core import labels
+from shared.events.entries import (
     jobset_delete_audit_entry,
     kube_event_entry,
     nodepool_operation_entry,
 )
-from sandbox.emulators.logging.filter import LogFilter, load_filter
-from sandbox.emulators.worker import QueueWorker
-from shared.core import labels
 from shared.events.fields import ClusterId
 
 EntryPredicate = Callable[[Mapping[str, Any]], bool]

@@ -35,8 +35,9 @@ from shared.core import labels
 from shared.core.errors import TransientError
 from shared.core.settings import Settings
 from shared.kueue.render import to_yaml
-from shared.provisioning.admission_check import CONTROLLER_NAME, AdmissionChecker
+from shared.provisioning.admission.check import CONTROLLER_NAME, AdmissionChecker
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
 from tpuprov import admission
 from tpuprov.commands.status import admission_section
 from tpuprov.doctor.checks import check_admission_check
@@ -50,6 +51,7 @@ QUEUE = "checked-queue"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
 SETTINGS = Settings(
+    unlimited_spending=True,
     project_id="sandbox",
     location="us-west4-a",
     cluster_name="sandbox",
@@ -152,7 +154,7 @@ class Rig:
         self.gke = gke
         self.api = cluster.client()
         self.kube = product_client(cluster, "provision")
-        self.checker = AdmissionChecker(settings, GkeNodePoolAPI(endpoint=gke.url), self.kube)
+        self.checker = AdmissionChecker(Services(settings, GkeNodePoolAPI(endpoint=gke.url), self.kube))
 
     def eventually(self, probe: Callable[[], T | None], timeout: float, what: str) -> T:
         """``sandbox.polling.eventually`` that shows Kueue's and JobSet's logs when it times out."""
@@ -242,11 +244,12 @@ def test_the_workload_waits_for_every_slice_then_starts_on_all_of_them(rig: Rig)
     result = rig.checker.handle("default", wl["metadata"]["name"], "QuotaReserved")
     assert result.state == "Pending" and len(result.created) == 2
     assert rig.check_state(wl)["message"] == "pools ready 0/2"
-    time.sleep(2)
-    assert rig.condition(wl, "Admitted") is None
-    assert rig.pods("train") == []  # Kueue keeps the JobSet suspended: no pod is ever pending for a slice
 
     def nodes_ready() -> bool:
+        # For as long as the check says Pending, Kueue admits nothing and keeps the JobSet
+        # suspended: no pod is ever pending for a slice (checked at every look, not after a sleep).
+        assert rig.condition(wl, "Admitted") is None
+        assert rig.pods("train") == []
         nodes = rig.api.list(
             "/api/v1/nodes", label_selector=labels.MANAGED_BY + "=" + labels.MANAGED_BY_VALUE
         )
@@ -321,7 +324,9 @@ def test_a_stockout_is_retry_kueue_releases_the_quota_requeues_and_admits_once_c
 
 def test_what_can_never_succeed_is_rejected_and_kueue_deactivates_it(rig: Rig) -> None:
     strict = AdmissionChecker(
-        SETTINGS.with_overrides(max_chips_per_slice=4), GkeNodePoolAPI(endpoint=rig.gke.url), rig.kube
+        Services(
+            SETTINGS.with_overrides(max_chips_per_slice=4), GkeNodePoolAPI(endpoint=rig.gke.url), rig.kube
+        )
     )
     rig.api.create(JOBSETS, jobset("toolarge", replicas=1))
     wl = rig.workload_of("toolarge")
@@ -343,11 +348,11 @@ def test_a_workload_deactivated_while_its_slices_are_provisioned_has_its_pools_r
     rig: Rig,
 ) -> None:
     # Release as the reconcile function runs it, with a short suspend grace: the keep window the
-    # README documents for a Workload the check no longer looks at.
+    # docs/functions.md documents for a Workload the check no longer looks at.
     grace = 8
     settings = SETTINGS.with_overrides(suspend_grace_seconds=grace)
     reconciler = Reconciler(
-        settings, GkeNodePoolAPI(endpoint=rig.gke.url), product_client(rig.cluster, "reconcile")
+        Services(settings, GkeNodePoolAPI(endpoint=rig.gke.url), product_client(rig.cluster, "reconcile"))
     )
     rig.api.create(JOBSETS, jobset("evicted", replicas=2))
     wl = rig.workload_of("evicted")

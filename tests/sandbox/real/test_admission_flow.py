@@ -17,7 +17,7 @@ import pytest
 from sandbox.realstack.core import RealStack
 from sandbox.realstack.demo import JOBSETS, NAMESPACE, queued_jobset
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
-from sandbox.stack.wiring import TOPIC_PREFIX, RetryPolicy, wiring
+from shared.app.deployment import TOPIC_PREFIX, RetryPolicy, wiring
 from shared.core import labels
 from tests.paths import REPO
 

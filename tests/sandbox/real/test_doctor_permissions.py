@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.cli.doctor import StackDeployment
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.state import ClusterSeed
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.kube import rbac
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import REPO_ROOT
-from sandbox.stack.wiring import TOPIC_PREFIX, wiring
 from sandbox.testing.stack import (
     REAL_FAST,
     exclusive_tpu_jobset,
@@ -40,6 +40,7 @@ from sandbox.testing.stack import (
     wait_finished,
     wait_released,
 )
+from shared.app.deployment import TOPIC_PREFIX, wiring
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import connect
 from shared.core.errors import PermissionDeniedError, RejectedError
@@ -47,7 +48,6 @@ from shared.core.settings import Settings
 from shared.setup.manifests import JOBSET, KUEUE
 from tpuprov.commands import why
 from tpuprov.doctor.run import diagnose, document, exit_code, render_table
-from tpuprov.doctor.sandbox import StackDeployment
 from tpuprov.doctor.views import Expected
 from tpuprov.main import build_parser
 from tpuprov.output import dumps

@@ -20,8 +20,8 @@ from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT
 from sandbox.realstack import demo
 from sandbox.realstack.core import RealStack
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
-from sandbox.stack.wiring import RetryPolicy
 from sandbox.testing.stack import condition, events_about, restarts, workload
+from shared.app.deployment import RetryPolicy
 from shared.core import labels
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -200,7 +200,11 @@ def test_api_client_for_uses_the_chosen_endpoint(
     monkeypatch.setattr(google.auth, "default", default)
     seed = SEEDS["default"]
     settings = Settings(
-        project_id=PROJECT, location=ZONE, cluster_name=seed.name, control_plane_endpoint=mode
+        unlimited_spending=True,
+        project_id=PROJECT,
+        location=ZONE,
+        cluster_name=seed.name,
+        control_plane_endpoint=mode,
     )
 
     cfg = api_client_for(settings, lambda: api).configuration

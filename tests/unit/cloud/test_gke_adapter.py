@@ -22,6 +22,7 @@ from shared.core.errors import (
     NotFoundError,
     OperationLimitError,
     RejectedError,
+    RequestQuotaError,
     TpuProvError,
     TransientError,
 )
@@ -223,7 +224,7 @@ ERRORS: list[tuple[str, Callable[[GkeEmulator], None], str, type[TpuProvError], 
         "create-429-other",
         lambda e: e.fail_next("create", 429, "Quota exceeded for quota metric 'Write requests'."),
         "create",
-        TransientError,
+        RequestQuotaError,  # a TransientError: the project's request quota, shared with other clients
         None,
     ),
     (
@@ -248,11 +249,13 @@ ERRORS: list[tuple[str, Callable[[GkeEmulator], None], str, type[TpuProvError], 
     ),
     ("create-bad-topology-400", lambda e: None, "create-bad", RejectedError, 400),
     (
+        # A 403 that names no permission and no quota (credentials, an API not enabled): an operator
+        # fixes it, so the delivery is kept for redelivery (shared.cloud.errors, the one mapping).
         "create-403",
         lambda e: e.fail_next("create", 403, "Required permission denied"),
         "create",
-        RejectedError,
-        403,
+        TransientError,
+        None,
     ),
     (
         "delete-503",
@@ -482,3 +485,36 @@ def test_relabel_moves_the_billing_labels_in_the_same_operation(
     assert dict(gke_emulator.state.get_pool(gke_cluster, "a").config.resource_labels) == {
         "tpuprov-jobset": "b"
     }
+
+
+def test_every_pool_asks_for_gkes_metadata_server_and_reads_it_back(
+    gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
+) -> None:
+    spec = slice_spec("meta", workload_metadata="GKE_METADATA")
+    gke_api.create_node_pool(gke_cluster, spec, why="slice with GKE's metadata server")
+    [sent] = gke_emulator.pools(gke_cluster)
+    assert sent["config"]["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    pool = gke_api.get_node_pool(gke_cluster, "meta")
+    assert pool.config is not None and pool.config.workload_metadata == "GKE_METADATA"
+    assert drift(pool, spec) == ()
+    # The emulator's cluster has Workload Identity, as GKE_METADATA pools need.
+    assert gke_api.get_cluster(gke_cluster).workload_pool == "test-proj.svc.id.goog"
+
+
+def test_gke_metadata_on_a_cluster_without_workload_identity_is_refused_by_gke() -> None:
+    from sandbox.emulators.gke.emulator import ClusterSeed
+
+    cluster = f"projects/test-proj/locations/{ZONE}/clusters/no-wi"
+    seed = ClusterSeed.from_path(cluster, workload_identity=False)
+    with GkeEmulator([seed], op_delay=0) as emulator:
+        api = GkeNodePoolAPI(endpoint=emulator.url, timeout=5.0)
+        assert api.get_cluster(cluster).workload_pool == ""
+        with pytest.raises(RejectedError, match="requires Workload Identity") as refused:
+            api.create_node_pool(cluster, slice_spec(workload_metadata="GKE_METADATA"), why="slice")
+        assert refused.value.code == 400
+        assert emulator.pools(cluster) == []
+
+
+def test_an_unknown_workload_metadata_mode_is_never_sent() -> None:
+    with pytest.raises(InvalidInputError, match="SECURE"):
+        spec_to_node_pool(slice_spec(workload_metadata="SECURE"))

@@ -38,7 +38,8 @@ def test_nodes_are_listed_by_pool_and_cordoned_with_the_reason(world: Any) -> No
         world.kube.put(node(name, pool))
     kube = entry.runtime().kube()
     found = kube.list_nodes(f"{labels.NODEPOOL}=pool-a")
-    assert sorted(n["metadata"]["name"] for n in found) == ["n-a-0", "n-a-1"]
+    assert sorted(n.name for n in found) == ["n-a-0", "n-a-1"]
+    assert {n.pool for n in found} == {"pool-a"}  # parsed at the adapter
 
     kube.set_unschedulable("n-a-0", True, "123 tpu-provisioner is about to delete node pool pool-a")
     stored = world.kube.get("v1", "nodes", None, "n-a-0")

@@ -81,3 +81,10 @@ def test_long_names_sharing_a_prefix_do_not_collide():
 )
 def test_label_validation(key, value, ok):
     assert (not label_key_problem(key) and not label_value_problem(value)) is ok
+
+
+def test_a_pool_name_carries_64_bits_of_the_slice_identity() -> None:
+    # 32 bits could be matched offline: a tenant could craft a slice named like another team's pool.
+    name = pool_name(SliceId("team-a", "a-very-long-jobset-name-indeed", "uid", "workers", 12))
+    digest = name.rsplit("-", 1)[1]
+    assert len(digest) == 16 and int(digest, 16) >= 0 and len(name) <= 40

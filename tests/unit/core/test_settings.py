@@ -1,11 +1,11 @@
-"""Settings parsing of the occupancy/handover knobs: defaults, bounds and bad values."""
+"""Settings parsing: the occupancy/handover knobs, the spending statements and the setup clusters."""
 
 from __future__ import annotations
 
 import pytest
 
 from shared.core.errors import InvalidInputError
-from shared.core.settings import Settings
+from shared.core.settings import Settings, TenantEntry
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,132 @@ def test_occupancy_settings_parse(env: dict[str, str], expected: tuple[int, int]
 def test_occupancy_settings_refuse_bad_values(env: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         Settings.from_env(env)
+
+
+# --- stating the spending: TENANTS, KUEUE_ONLY, UNLIMITED_SPENDING ------------------------------
+
+
+def test_tenants_parse_into_entries_in_key_order() -> None:
+    raw = (
+        '{"team-a": {"chips": 64, "reservations": ["res-a", "projects/shared-proj/reservations/res-b"]},'
+        ' "*": {"chips": 0}, "label:cost-center=42": {"reservations": []},'
+        ' "team-b": {"chips": 8, "reservations": null}}'
+    )
+    settings = Settings.from_env({"TENANTS": raw})
+    assert settings.tenants == raw
+    assert settings.tenant_entries == (
+        TenantEntry("*", chips=0),
+        TenantEntry("label:cost-center=42", reservations=()),
+        TenantEntry("team-a", 64, ("res-a", "projects/shared-proj/reservations/res-b")),
+        # Terraform's jsonencode writes an unset optional attribute as null: the same as omitted.
+        TenantEntry("team-b", 8, None),
+    )
+    assert settings.tenant_entries[1].label == ("cost-center", "42")
+    assert settings.tenant_entries[2].label is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("not json", "setting TENANTS is not JSON"),
+        ('["team-a"]', "setting TENANTS must be a JSON object, not a JSON list"),
+        ('{"Team_A": {}}', 'setting TENANTS["Team_A"]: the key is a namespace'),
+        ('{"label:team": {}}', 'setting TENANTS["label:team"]: a label entry is label:KEY=VALUE'),
+        ('{"label:-bad=x": {}}', "TENANTS[\"label:-bad=x\"]: label key '-bad' has an invalid name part"),
+        ('{"label:team=a b": {}}', "label value 'a b' is not a valid Kubernetes label value"),
+        ('{"team-a": 8}', 'setting TENANTS["team-a"] must be an object'),
+        (
+            '{"team-a": {"cpus": 8}}',
+            'setting TENANTS["team-a"]: unknown field "cpus" (allowed: chips, reservations)',
+        ),
+        ('{"team-a": {"chips": -1}}', 'setting TENANTS["team-a"].chips: -1 is not a whole number >= 0'),
+        ('{"team-a": {"chips": 2.5}}', 'setting TENANTS["team-a"].chips: 2.5 is not'),
+        ('{"team-a": {"chips": true}}', 'setting TENANTS["team-a"].chips: True is not'),
+        ('{"team-a": {"chips": "8"}}', 'setting TENANTS["team-a"].chips: "8" is not'),
+        ('{"team-a": {"reservations": "res-a"}}', 'setting TENANTS["team-a"].reservations must be a list'),
+        (
+            '{"team-a": {"reservations": ["Res_A"]}}',
+            'TENANTS["team-a"].reservations: "Res_A" is not a reservation',
+        ),
+        ('{"team-a": {"reservations": ["projects/p/reservations/r"]}}', "is not a reservation name"),
+        ('{"team-a": {"reservations": [3]}}', 'TENANTS["team-a"].reservations: 3 is not a reservation'),
+    ],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "bad-namespace",
+        "label-without-value",
+        "bad-label-key",
+        "bad-label-value",
+        "entry-not-an-object",
+        "unknown-field",
+        "negative-chips",
+        "fractional-chips",
+        "boolean-chips",
+        "string-chips",
+        "reservations-not-a-list",
+        "bad-reservation",
+        "bad-shared-reservation-project",
+        "reservation-not-a-string",
+    ],
+)
+def test_bad_tenants_are_refused_naming_the_entry(raw: str, message: str) -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        Settings.from_env({"TENANTS": raw})
+    assert message in refused.value.why
+
+
+def test_a_long_tenant_key_is_quoted_back_short() -> None:
+    with pytest.raises(InvalidInputError) as refused:
+        Settings(tenants='{"' + "X" * 5000 + '": {}}')
+    assert len(refused.value.why) < 200
+
+
+@pytest.mark.parametrize(
+    ("env", "stated"),
+    [
+        ({}, False),
+        ({"CHIP_BUDGET": "0", "TENANTS": "{}", "KUEUE_ONLY": "false", "UNLIMITED_SPENDING": "false"}, False),
+        ({"CHIP_BUDGET": "512"}, True),
+        ({"TENANTS": '{"team-a": {"chips": 0}}'}, True),
+        ({"TENANTS": '{"*": {}}'}, True),
+        ({"KUEUE_ONLY": "true"}, True),
+        ({"UNLIMITED_SPENDING": "true"}, True),
+    ],
+    ids=["nothing", "all-off", "chip-budget", "tenant", "wildcard-tenant", "kueue-only", "unlimited"],
+)
+def test_spending_is_stated_by_any_of_the_four(env: dict[str, str], stated: bool) -> None:
+    settings = Settings.from_env(env)
+    assert settings.spending_stated is stated
+    assert (Settings().kueue_only, Settings().unlimited_spending, Settings().tenants) == (False, False, "")
+
+
+# --- which clusters setup_cluster may install on ------------------------------------------------
+
+
+def test_setup_clusters_are_the_managed_one_and_the_listed_ones() -> None:
+    settings = Settings.from_env(
+        {
+            "PROJECT_ID": "p",
+            "LOCATION": "us-central2-b",
+            "CLUSTER_NAME": "c",
+            "SETUP_CLUSTERS": (
+                "projects/p/locations/us-east5/clusters/d, projects/p/locations/us-central2-b/clusters/c"
+            ),
+        }
+    )
+    assert settings.setup_cluster_paths == (
+        "projects/p/locations/us-central2-b/clusters/c",
+        "projects/p/locations/us-east5/clusters/d",
+    )
+    assert Settings(project_id="p", location="l", cluster_name="c").setup_cluster_paths == (
+        "projects/p/locations/l/clusters/c",
+    )
+
+
+@pytest.mark.parametrize(
+    "entry", ["d", "projects/p/zones/z/clusters/d", "projects/p/locations/l/clusters/d/x"]
+)
+def test_a_setup_cluster_must_be_a_cluster_path(entry: str) -> None:
+    with pytest.raises(InvalidInputError, match=r"SETUP_CLUSTERS entry .* is not projects/PROJECT/locations"):
+        Settings.from_env({"SETUP_CLUSTERS": entry})

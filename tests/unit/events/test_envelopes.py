@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cloudevents.http import CloudEvent
 
-from sandbox.emulators.logging import entries as le
+from shared.events import entries as le
 from shared.events.envelope import (
     PUBSUB_EVENT_TYPE,
     ClusterId,

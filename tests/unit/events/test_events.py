@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox.emulators.logging import entries as le
+from shared.events import entries as le
 from shared.events.envelope import (
     ClusterId,
     Event,

@@ -191,3 +191,80 @@ def test_topology_is_checked_by_slice_shape_not_by_machine_type() -> None:
     for topology, chips in (("1x1", 1), ("2x4", 8), ("16x16", 256)):
         text = f"flavors: [{{name: f, accelerator: tpu-v5-lite-podslice, topology: '{topology}'}}]"
         assert kueue.parse_config(text).flavors[0].chips_per_slice == chips
+
+
+# --- hostile inputs: the configuration arrives in a Pub/Sub message -----------------------------
+
+# The "billion laughs" in YAML: nine levels of nine aliases expand to 9**9 strings. Parsed with an
+# expanding loader, validation's error message alone repeated tens of MB of it.
+BILLION_LAUGHS = (
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + "".join(
+        f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]\n"
+        for prev, name in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    + "flavors: *i\n"
+)
+HOSTILE = [
+    (BILLION_LAUGHS, "YAML anchor &a is not accepted at line 1, column 4"),
+    ("base: &base {accelerator: tpu-v6e-slice}\nflavors: []\n", "YAML anchor &base is not accepted"),
+    # An alias to an anchor that was never defined is refused the same way, before composing it.
+    ("flavors: *nowhere\n", "YAML alias *nowhere is not accepted"),
+    ("flavors:\n  - <<: *f\n    name: x\n", "YAML alias *f is not accepted"),
+    ("[" * 60000, "nests too deeply"),
+    ('{"flavors": ' * 4000 + "1" + "}" * 4000, "nests too deeply"),
+    ("#" * (kueue.MAX_CONFIG_BYTES + 1), f"at most {kueue.MAX_CONFIG_BYTES} are accepted"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    HOSTILE,
+    ids=[
+        "billion-laughs",
+        "anchor",
+        "dangling-alias",
+        "merge-key-alias",
+        "deep-yaml",
+        "deep-json",
+        "oversized",
+    ],
+)
+def test_hostile_configurations_are_refused_cheaply_and_briefly(text: str, reason: str) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        kueue.parse_config(text)
+    assert reason in caught.value.why
+    assert len(str(caught.value)) <= 300
+
+
+def test_the_billion_laughs_is_small_and_never_expanded() -> None:
+    assert len(BILLION_LAUGHS.encode()) < 500
+    with pytest.raises(InvalidInputError, match="anchor"):
+        kueue.parse_text(BILLION_LAUGHS.encode())
+
+
+def test_error_messages_are_bounded_however_large_the_values() -> None:
+    huge_name = "z" * 20000
+    text = f"flavors: [{{name: '{huge_name}', accelerator: tpu-v9-podslice, topology: 2x4}}]\n"
+    with pytest.raises(InvalidInputError) as caught:
+        kueue.parse_config(text)
+    why = caught.value.why
+    assert "unknown TPU accelerator" in why or "chars)" in why
+    assert huge_name not in why
+    assert all(len(line) <= kueue.MAX_PROBLEM_CHARS + 4 for line in why.splitlines())
+
+
+def test_many_problems_are_counted_but_only_the_first_are_listed() -> None:
+    flavors = ", ".join(f"{{name: f{i}, accelerator: tpu-v9, topology: 2x4}}" for i in range(300))
+    with pytest.raises(InvalidInputError) as caught:
+        kueue.parse_config(f"flavors: [{flavors}]\n")
+    why = caught.value.why
+    assert why.startswith("Kueue configuration has 300 problems:")
+    assert why.count("\n  - flavors[") == kueue.MAX_PROBLEMS_LISTED
+    assert why.endswith(f"... and {300 - kueue.MAX_PROBLEMS_LISTED} more")
+    assert len(why) <= kueue.MAX_ERROR_CHARS
+
+
+def test_yaml_without_anchors_still_parses_as_before() -> None:
+    assert kueue.parse_text("a: [1, 2]\nb: {c: 'd'}\n") == {"a": [1, 2], "b": {"c": "d"}}
+    assert kueue.parse_config(SEED_CONFIG).flavors

@@ -14,7 +14,7 @@ from shared.core.errors import InvalidInputError
 from shared.core.settings import Settings
 from shared.kueue import config as kueue
 from shared.kueue.render import render
-from shared.provisioning.admission_check import CONTROLLER_NAME
+from shared.provisioning.admission.check import CONTROLLER_NAME
 from tests.paths import REPO
 
 EXAMPLE = REPO / "examples" / "kueue" / "tpu-slices-check.yaml"

@@ -6,14 +6,18 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0
+)
 CLUSTER = SETTINGS.cluster_path
 
 
@@ -38,7 +42,9 @@ def submit(kube: FakeKube, jobset: dict[str, Any]) -> list[dict[str, Any]]:
 def with_pools(gke: FakeGke, kube: FakeKube, jobset: dict[str, Any]) -> list[NodePoolInfo]:
     """Submit ``jobset``, provision its pools, make them RUNNING with Nodes, and run its pods there."""
     pods = submit(kube, jobset)
-    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
+    Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod(
+        "team-a", pods[0]["metadata"]["name"], now()
+    )
     mine = [p for p in gke.pools[CLUSTER].values() if p.labels[labels.OWNER_UID] == jobset["metadata"]["uid"]]
     for pool in mine:
         gke.mark(CLUSTER, pool.name, STATUS_RUNNING)
@@ -91,10 +97,17 @@ def owner(gke: FakeGke, pool: NodePoolInfo) -> tuple[str, str]:
 
 
 def schedulable(kube: FakeKube, pool: NodePoolInfo) -> bool:
-    return not any(
-        n.get("spec", {}).get("unschedulable") for n in kube.list_nodes(f"{labels.NODEPOOL}={pool.name}")
-    )
+    return not any(n.unschedulable for n in kube.list_nodes(f"{labels.NODEPOOL}={pool.name}"))
 
 
 def events(kube: FakeKube, reason: str, name: str) -> list[str]:
     return [e["message"] for e in kube.events if e["reason"] == reason and e["name"] == name]
+
+
+def queue(kube: FakeKube, name: str, replicas: int = 1) -> dict[str, Any]:
+    """A JobSet Kueue holds suspended (no pods yet)."""
+    jobset = tpu_jobset(name, "team-a", replicas=replicas)
+    jobset["spec"]["suspend"] = True
+    jobset["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}  # queued in Kueue
+    kube.add_jobset(jobset)
+    return jobset

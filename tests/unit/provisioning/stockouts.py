@@ -14,7 +14,9 @@ from shared.provisioning.provisioner import Provisioner
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_PROVISIONING
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0
+)
 CLUSTER = SETTINGS.cluster_path
 STOCKOUT = "GCE_STOCKOUT: ZONE_RESOURCE_POOL_EXHAUSTED: the zone does not have enough resources available"
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z

@@ -12,15 +12,16 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.provisioning.admission import CheckVerdict, SliceState, decide
-from shared.provisioning.admission_check import AdmissionChecker
+from shared.provisioning.admission.check import AdmissionChecker
+from shared.provisioning.admission.decide import CheckVerdict, SliceState, decide
 from shared.provisioning.outcomes import EXISTS
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_PROVISIONING, STATUS_RUNNING
 from shared.tpu.workloads import CheckState, parse_workload, workload_slices
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+SETTINGS = Settings(unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c")
 CLUSTER = SETTINGS.cluster_path
 CHECK = SETTINGS.admission_check_name
 
@@ -200,7 +201,7 @@ def finish_pools(gke: FakeGke, kube: FakeKube) -> None:
 
 def test_every_slice_is_requested_at_once_and_ready_only_when_nodes_are(gke: FakeGke, kube: FakeKube) -> None:
     jobset, wl = setup(kube, replicas=3)
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     result = checker.handle("team-a", wl["metadata"]["name"], "QuotaReserved")
     assert result.state == "Pending" and len(result.created) == 3
     assert gke.count("create") == 3
@@ -237,7 +238,9 @@ def test_every_slice_is_requested_at_once_and_ready_only_when_nodes_are(gke: Fak
     kube.add_jobset(jobset)
     pod = expand_pods(jobset)[4]
     kube.add_pod(pod)
-    outcome = Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pod["metadata"]["name"], None)
+    outcome = Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod(
+        "team-a", pod["metadata"]["name"], None
+    )
     assert outcome.result == EXISTS and gke.count("create") == 3
 
 
@@ -247,7 +250,7 @@ def test_a_template_without_the_shape_gets_the_flavor_selector_as_pod_set_update
     shape = spec.pop("nodeSelector")
     kube.add_jobset(jobset)
     kube.flavors["vlp"]["spec"]["nodeLabels"] = shape
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     checker.handle("team-a", wl["metadata"]["name"])
     finish_pools(gke, kube)
     assert checker.sweep()[0].state == "Ready"
@@ -258,7 +261,7 @@ def test_a_quota_refusal_of_one_slice_is_retry_with_its_backoff(gke, kube) -> No
     settings = SETTINGS.with_overrides(stockout_backoff_seconds=300)
     _, wl = setup(kube, replicas=4)
     gke.fail("create", "quota", times=1)
-    result = AdmissionChecker(settings, gke, kube, wall_clock=lambda: 1000.0).handle(
+    result = AdmissionChecker(Services(settings, gke, kube, wall_clock=lambda: 1000.0)).handle(
         "team-a", wl["metadata"]["name"]
     )
     assert result.state == "Retry"
@@ -274,7 +277,7 @@ def test_a_quota_refusal_of_one_slice_is_retry_with_its_backoff(gke, kube) -> No
 def test_a_stockout_pool_in_error_is_retry_and_nothing_more_is_created(gke, kube) -> None:
     settings = SETTINGS.with_overrides(stockout_backoff_seconds=600, stockout_backoff_max_seconds=600)
     _, wl = setup(kube, replicas=2)
-    checker = AdmissionChecker(settings, gke, kube, wall_clock=lambda: 5000.0)
+    checker = AdmissionChecker(Services(settings, gke, kube, wall_clock=lambda: 5000.0))
     checker.handle("team-a", wl["metadata"]["name"])
     first, second = list(gke.pools[CLUSTER])
     gke.mark(CLUSTER, first, STATUS_RUNNING)
@@ -297,7 +300,7 @@ def test_a_stockout_pool_in_error_is_retry_and_nothing_more_is_created(gke, kube
 def test_what_can_never_succeed_is_rejected_with_the_reason(gke, kube, change, why) -> None:
     settings, shape = change(SETTINGS, {"topology": "4x4"})
     _, wl = setup(kube, replicas=2, **shape)
-    result = AdmissionChecker(settings, gke, kube).handle("team-a", wl["metadata"]["name"])
+    result = AdmissionChecker(Services(settings, gke, kube)).handle("team-a", wl["metadata"]["name"])
     assert result.state == "Rejected"
     assert why in state_of(kube, wl)["message"]
     assert gke.count("create") == 0
@@ -316,7 +319,7 @@ def test_workloads_the_check_does_not_own_are_left_alone(gke, kube) -> None:
     evicted["metadata"]["name"] = "evicted"
     evicted["status"]["conditions"].append({"type": "Evicted", "status": "True"})
     kube.add_workload(evicted)
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     assert checker.handle("team-a", "other").state == ""
     assert checker.handle("team-a", "waiting").why == "no quota reserved yet"
     assert checker.handle("team-a", "evicted").why == "Workload is evicted"
@@ -325,7 +328,7 @@ def test_workloads_the_check_does_not_own_are_left_alone(gke, kube) -> None:
 
 
 def test_the_check_is_kept_active(gke, kube) -> None:
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     assert checker.keep_active() is False  # no such AdmissionCheck in the cluster
     kube.admission_checks[CHECK] = ""
     assert checker.keep_active() is True and kube.admission_checks[CHECK]

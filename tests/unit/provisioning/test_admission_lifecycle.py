@@ -12,9 +12,10 @@ import pytest
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
-from shared.provisioning.admission_check import AdmissionChecker
-from shared.provisioning.verdicts import judge
-from shared.tpu.jobsets import expand_pods
+from shared.provisioning.admission.check import AdmissionChecker
+from shared.provisioning.release.releaser import Releaser
+from shared.provisioning.services import Services
+from shared.tpu.jobsets import JobSet, expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.test_admission_check import (
@@ -38,7 +39,7 @@ def test_a_failed_slice_is_recycled_after_its_backoff_and_requested_again(
     settings = SETTINGS.with_overrides(stockout_backoff_seconds=60, stockout_backoff_max_seconds=60)
     now = [1000.0]
     _, wl = setup(kube, replicas=2)
-    checker = AdmissionChecker(settings, gke, kube, wall_clock=lambda: now[0])
+    checker = AdmissionChecker(Services(settings, gke, kube, wall_clock=lambda: now[0]))
     checker.handle("team-a", wl["metadata"]["name"])
     first, second = sorted(gke.pools[CLUSTER])
     gke.mark(CLUSTER, first, STATUS_RUNNING)
@@ -61,7 +62,7 @@ def test_an_event_before_kueue_wrote_the_checks_entry_is_acted_on(gke: FakeGke, 
     kube.cluster_queues["cluster-queue"] = {
         "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK, "onFlavors": ["vlp"]}]}}
     }
-    result = AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
+    result = AdmissionChecker(Services(SETTINGS, gke, kube)).handle("team-a", wl["metadata"]["name"])
     assert result.state == "Pending" and gke.count("create") == 1
     assert state_of(kube, wl)["message"] == "pools ready 0/1"
 
@@ -74,7 +75,7 @@ def test_a_queue_whose_check_covers_other_flavors_is_left_to_the_pending_pod_pat
     kube.cluster_queues["cluster-queue"] = {
         "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": CHECK, "onFlavors": ["other"]}]}}
     }
-    result = AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
+    result = AdmissionChecker(Services(SETTINGS, gke, kube)).handle("team-a", wl["metadata"]["name"])
     assert result.state == "" and gke.count("create") == 0 and kube.check_writes == []
 
 
@@ -95,7 +96,7 @@ def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
     kube.add_pool_nodes(gke.pools[CLUSTER][spec.name])
 
     _, wl = setup(kube, replicas=2)
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     result = checker.handle("team-a", wl["metadata"]["name"])
     assert result.state == "Pending" and len(result.created) == 1  # one slice taken over, one created
     assert gke.count("create") == 2  # the old JobSet's own create and this one
@@ -116,34 +117,76 @@ def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
 
+def _workload(check: str | None, conditions: tuple[str, ...], requeue_in: float | None, active: bool = True):
+    """The Workload Kueue made for JobSet team-a/train (uid js-uid), as Kueue writes its status."""
+    status: dict = {
+        "conditions": [{"type": c, "status": "True"} for c in conditions],
+        "admissionChecks": [{"name": CHECK, "state": check}] if check else [],
+    }
+    if requeue_in is not None:
+        at = datetime.datetime.fromtimestamp(NOW.timestamp() + requeue_in, tz=datetime.UTC)
+        status["requeueState"] = {"requeueAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    owner = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train", "uid": "js-uid"}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": "jobset-train",
+            "namespace": "team-a",
+            "ownerReferences": [{**owner, "controller": True}],
+        },
+        "spec": {"active": active, "podSets": [{"name": "slice", "count": 4}]},
+        "status": status,
+    }
+
+
 @pytest.mark.parametrize(
-    ("annotation", "kept"),
+    ("workload", "kept"),
     [
-        ("", False),
-        ("Pending@" + str(int(NOW.timestamp()) - 30), True),
-        ("Ready@" + str(int(NOW.timestamp()) - 30), True),
-        # Not refreshed for a whole SUSPEND_GRACE_SECONDS: nobody provisions it any more.
-        ("Pending@" + str(int(NOW.timestamp()) - 600), False),
-        # After a Retry: kept until Kueue may requeue it, plus IDLE_POOL_SECONDS.
-        ("Retry@" + str(int(NOW.timestamp()) + 200), True),
-        ("Retry@" + str(int(NOW.timestamp()) - 119), True),
-        ("Retry@" + str(int(NOW.timestamp()) - 121), False),
-        ("Rejected@" + str(int(NOW.timestamp())), False),
-        ("garbage", False),
+        (None, False),
+        (_workload("Pending", ("QuotaReserved",), None), True),
+        (_workload("Ready", ("QuotaReserved",), None), True),
+        # Pending without quota (queued again): nothing provisions it now.
+        (_workload("Pending", (), None), False),
+        # After a Retry Kueue evicts it and requeues it at requeueAt: kept until then plus IDLE_POOL_SECONDS.
+        (_workload("Pending", ("Evicted",), 200), True),
+        (_workload("Pending", ("Evicted",), -119), True),
+        (_workload("Pending", ("Evicted",), -121), False),
+        # A requeue further off than any backoff of the product's is not waited for.
+        (_workload("Pending", ("Evicted",), 7 * 3600), False),
+        (_workload("Rejected", ("QuotaReserved",), None), False),
+        (_workload("Pending", ("QuotaReserved",), None, active=False), False),
+        (_workload("Pending", ("QuotaReserved", "Finished"), None), False),
+        (_workload(None, ("QuotaReserved",), None), False),  # a queue without the product's check
+    ],
+    ids=[
+        "no-workload",
+        "pending-with-quota",
+        "ready-with-quota",
+        "pending-without-quota",
+        "retry-before-requeue",
+        "retry-within-idle-window",
+        "retry-window-over",
+        "retry-too-far-off",
+        "rejected",
+        "deactivated",
+        "finished",
+        "not-this-check",
     ],
 )
-def test_a_suspended_jobsets_pools_are_kept_while_its_check_provisions_them(
-    annotation: str, kept: bool
+def test_a_suspended_jobsets_pools_are_kept_while_its_workload_needs_them(
+    gke: FakeGke, kube: FakeKube, workload: dict | None, kept: bool
 ) -> None:
     settings = SETTINGS.with_overrides(suspend_grace_seconds=600, idle_pool_seconds=120)
     jobset = tpu_jobset("train", "team-a", replicas=1, uid="js-uid")
     jobset["spec"]["suspend"] = True
-    # Suspended since it was created, long ago: without the check its pools would go.
+    # Suspended since it was created, long ago: without its Workload its pools would go.
     jobset["status"] = {
         "conditions": [{"type": "Suspended", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
     }
-    if annotation:
-        jobset["metadata"]["annotations"][labels.ADMISSION_CHECK] = annotation
+    kube.add_jobset(jobset)
+    if workload is not None:
+        kube.add_workload(workload)
     pool = NodePoolInfo(
         name="p",
         status=STATUS_RUNNING,
@@ -151,46 +194,42 @@ def test_a_suspended_jobsets_pools_are_kept_while_its_check_provisions_them(
         node_count=4,
         labels={labels.OWNER_NAMESPACE: "team-a", labels.OWNER_NAME: "train", labels.OWNER_UID: "js-uid"},
     )
-    verdict = judge(pool, jobset, settings, NOW)
+    verdict = Releaser(settings, gke, kube).judge(pool, JobSet.parse(jobset), NOW)
     assert verdict.delete is (not kept), verdict.why
 
 
-def test_the_check_records_its_state_on_the_jobset(gke: FakeGke, kube: FakeKube) -> None:
+def test_a_record_a_tenant_writes_on_its_jobset_keeps_nothing(gke: FakeGke, kube: FakeKube) -> None:
+    # The annotation earlier versions read: a tenant could write a stamp far in the future and keep a
+    # suspended JobSet's pools forever after Kueue gave its quota to others.
+    jobset = tpu_jobset("train", "team-a", replicas=1, uid="js-uid")
+    jobset["spec"]["suspend"] = True
+    jobset["metadata"]["annotations"]["tpuprov.dev/admission-check"] = "Pending@9999999999"
+    jobset["status"] = {
+        "conditions": [{"type": "Suspended", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    }
+    kube.add_jobset(jobset)
+    pool = NodePoolInfo(
+        name="p",
+        status=STATUS_RUNNING,
+        labels={labels.OWNER_NAMESPACE: "team-a", labels.OWNER_NAME: "train", labels.OWNER_UID: "js-uid"},
+    )
+    assert Releaser(SETTINGS, gke, kube).judge(pool, JobSet.parse(jobset), NOW).delete
+
+
+def test_the_check_writes_nothing_on_the_jobset(gke: FakeGke, kube: FakeKube) -> None:
+    # Its state lives in the Workload's status (Kueue's and the check's to write), not on the JobSet.
     _, wl = setup(kube, replicas=1)
-    checker = AdmissionChecker(SETTINGS, gke, kube)
+    checker = AdmissionChecker(Services(SETTINGS, gke, kube))
     checker.handle("team-a", wl["metadata"]["name"])
-    stored = kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK]
-    assert stored.startswith("Pending@")
-    writes = len(kube.annotations)
-    checker.sweep()  # fresh: not written again
-    assert len(kube.annotations) == writes
     finish_pools(gke, kube)
     checker.sweep()
-    assert kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK].startswith(
-        "Ready@"
-    )
+    assert kube.annotations == []
+    assert state_of(kube, wl)["state"] == "Ready"
 
 
 def test_a_lost_quota_reserved_event_is_made_up_for_by_the_sweep(gke: FakeGke, kube: FakeKube) -> None:
     _, wl = setup(kube, replicas=3)
     # No QuotaReserved delivery ever came: reconcile's sweep alone requests every slice.
-    [result] = AdmissionChecker(SETTINGS, gke, kube).sweep()
+    [result] = AdmissionChecker(Services(SETTINGS, gke, kube)).sweep()
     assert result.state == "Pending" and len(result.created) == 3
     assert state_of(kube, wl)["message"] == "pools ready 0/3"
-
-
-def test_the_record_on_the_jobset_survives_a_concurrent_write(gke: FakeGke, kube: FakeKube) -> None:
-    # The stockout record (or anyone) may write the JobSet between our read and our annotation.
-    _, wl = setup(kube, replicas=1)
-    writes = {"n": 0}
-
-    def concurrent_writer(namespace: str, name: str) -> None:
-        if writes["n"] == 0:
-            writes["n"] += 1
-            stored = kube.jobsets[(namespace, name)]["metadata"]
-            stored["resourceVersion"] = str(int(stored.get("resourceVersion") or "1") + 1)
-
-    kube.before_annotate = concurrent_writer
-    AdmissionChecker(SETTINGS, gke, kube).handle("team-a", wl["metadata"]["name"])
-    stored = kube.jobsets[("team-a", "train")]["metadata"]["annotations"][labels.ADMISSION_CHECK]
-    assert stored.startswith("Pending@")

@@ -18,13 +18,16 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import TransientError
-from shared.provisioning import occupancy
-from shared.provisioning.occupancy import ADOPT, DELETE, KEEP, Decision, Occupant, Verdict
 from shared.provisioning.outcomes import SKIPPED
 from shared.provisioning.provisioner import Provisioner
-from shared.provisioning.releaser import Releaser
+from shared.provisioning.release import occupancy
+from shared.provisioning.release.occupancy import ADOPT, DELETE, KEEP, Decision, Occupant, Verdict
+from shared.provisioning.release.releaser import Releaser
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Chain
 from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.releases import (
     CLUSTER,
@@ -34,18 +37,11 @@ from tests.unit.provisioning.releases import (
     finish,
     now,
     owner,
+    queue,
     with_pools,
 )
 
 GONE = Verdict(True, "JobSet team-a/a completed")
-
-
-def queue(kube: FakeKube, name: str, replicas: int = 1) -> dict[str, Any]:
-    """A JobSet Kueue holds suspended (no pods yet)."""
-    jobset = tpu_jobset(name, "team-a", replicas=replicas)
-    jobset["spec"]["suspend"] = True
-    kube.add_jobset(jobset)
-    return jobset
 
 
 def admit_onto(kube: FakeKube, jobset: dict[str, Any], pools: list[NodePoolInfo]) -> list[str]:
@@ -112,9 +108,11 @@ def test_a_pool_the_last_user_hands_on_again_is_relabelled_for_it(gke: FakeGke, 
     assert release(gke, kube, b) == []
 
     assert owner(gke, pool) == ("b", b["metadata"]["uid"])
-    assert gke.billing[pool.name] == labels.billing_labels("b")
+    assert gke.billing[pool.name] == labels.billing_labels("team-a", "b")
     current = gke.pools[CLUSTER][pool.name].labels
-    assert current[labels.HANDED_OVER_FROM] == "a" and labels.IDLE_SINCE not in current  # B's end dates it
+    assert current[labels.HANDED_OVER_FROM] == "a"
+    # The offer is recorded, dated by B's end (a second ago), not by this look.
+    assert abs(int(current[labels.IDLE_SINCE]) - (now().timestamp() - 1)) < 30
     assert gke.count("delete") == 0
     assert [m for m in events(kube, labels.REASON_ADOPTED, "b") if pool.name in m]
 
@@ -131,7 +129,7 @@ def test_a_pool_inherited_within_the_release_grace_is_relabelled_and_kept(
     assert Releaser(settings, gke, kube).release("team-a", "b", meta["uid"], "JobSet completed") == []
 
     assert owner(gke, pool) == ("b", meta["uid"])  # its later release (or reconcile) finds it B's
-    assert gke.billing[pool.name] == labels.billing_labels("b")
+    assert gke.billing[pool.name] == labels.billing_labels("team-a", "b")
     assert gke.count("delete") == 0
 
 
@@ -173,13 +171,13 @@ def test_provision_adopts_the_pool_a_bound_pod_of_the_new_owner_runs_on(gke: Fak
     _, pool, b = offered(gke, kube)
     pod = next(p for p in kube.pods.values() if p["metadata"]["labels"][labels.JOBSET_NAME] == "b")
     pod["status"]["phase"] = "Running"
-    provisioner = Provisioner(SETTINGS, gke, kube)
+    provisioner = Provisioner(Services(SETTINGS, gke, kube))
 
     outcome = provisioner.handle_pending_pod("team-a", pod["metadata"]["name"], now())
 
     assert outcome.result == SKIPPED and f"adopted node pool {pool.name}" in outcome.why
     assert owner(gke, pool) == ("b", b["metadata"]["uid"])
-    assert gke.billing[pool.name] == labels.billing_labels("b")
+    assert gke.billing[pool.name] == labels.billing_labels("team-a", "b")
     [adopted] = events(kube, labels.REASON_ADOPTED, "b")
     assert pool.name in adopted and "it is released when this JobSet ends" in adopted
     # Idempotent: a duplicate delivery finds the pool B's and changes nothing.
@@ -198,7 +196,9 @@ def test_provision_redelivers_when_gke_is_busy_with_the_pool(gke: FakeGke, kube:
     gke.fail("set_labels", "incompatible")
 
     with pytest.raises(TransientError, match="incompatible operation"):
-        Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pod["metadata"]["name"], now())
+        Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod(
+            "team-a", pod["metadata"]["name"], now()
+        )
     assert owner(gke, pool)[0] == "a"
     assert events(kube, labels.REASON_ADOPTED, "b") == []
 
@@ -209,7 +209,9 @@ def test_provision_reads_nothing_more_for_a_pod_on_its_own_pool(gke: FakeGke, ku
     pod = next(iter(kube.pods.values()))
     calls = list(gke.calls)
 
-    outcome = Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pod["metadata"]["name"], now())
+    outcome = Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod(
+        "team-a", pod["metadata"]["name"], now()
+    )
 
     assert outcome.result == SKIPPED and "adopted" not in outcome.why
     assert gke.calls == calls  # no GKE read, no relabel
@@ -292,8 +294,8 @@ def _pod(
 
 def test_last_runs_groups_the_jobsets_pods_by_pool_of_any_phase() -> None:
     nodes = [
-        {"metadata": {"name": n, "labels": {labels.NODEPOOL: p}}}
-        for n, p in (("n1", "p1"), ("n2", "p1"), ("n3", "p2"), ("n4", "p3"))
+        Node(n, {labels.NODEPOOL: p})
+        for n, p in (("n1", "p1"), ("n2", "p1"), ("n3", "p2"), ("n4", "p3"), ("n5", "p4"))
     ]
     pods = [
         _pod("b", "u-b", "n1"),
@@ -301,12 +303,20 @@ def test_last_runs_groups_the_jobsets_pods_by_pool_of_any_phase() -> None:
         _pod("b", "u-old", "n3"),  # an older JobSet named b
         _pod("b", "u-b", "n4", namespace="team-b"),  # another namespace's b
         _pod("b", "u-b", "unmanaged-node"),
+        _pod("b", "u-b", "n5"),  # labelled b, but its Job proves nothing: not b's
     ]
-    assert occupancy.last_runs(nodes, pods, "team-a", "b", "u-b") == {
+
+    def chain(pod: dict[str, Any]) -> Chain:
+        meta = pod["metadata"]
+        uid = meta["labels"][labels.JOBSET_UID]
+        return Chain(meta["namespace"], "b", uid, "slice", 1, "b-slice-1")
+
+    chains = {(p["metadata"]["namespace"], p["metadata"]["name"]): chain(p) for p in pods[:5]}
+    assert occupancy.last_runs(nodes, pods, chains, "team-a", "b", "u-b") == {
         "p1": Occupant("team-a", "b", "u-b", "slice", "1", 2)
     }
-    # Without the event's uid (a deletion) every pod of that name counts, its uid read off the pods.
-    assert set(occupancy.last_runs(nodes, pods, "team-a", "b", "")) == {"p1", "p2"}
+    # Without the event's uid (a deletion) every proven pod of that name counts, its uid its Job's.
+    assert set(occupancy.last_runs(nodes, pods, chains, "team-a", "b", "")) == {"p1", "p2"}
 
 
 def test_billing_labels_are_the_ones_a_created_pool_gets() -> None:
@@ -319,9 +329,10 @@ def test_billing_labels_are_the_ones_a_created_pool_gets() -> None:
     spec, _ = build_node_pool(SETTINGS, slice_request(pod))
     assert (
         dict(spec.resource_labels)
-        == labels.billing_labels("train.v2")
+        == labels.billing_labels("team-a", "train.v2")
         == {
             labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+            labels.RESOURCE_LABEL_NAMESPACE: "team-a",
             labels.RESOURCE_LABEL_JOBSET: "train-v2",
         }
     )

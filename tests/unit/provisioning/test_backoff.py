@@ -14,13 +14,16 @@ import pytest
 
 from sandbox.testing.clock import FakeClock
 from sandbox.testing.fakes import FakeGke, FakeKube
+from shared.cloud.errors import is_resource_quota
 from shared.core import labels
 from shared.core.errors import InvalidInputError, TransientError
 from shared.core.settings import Settings
-from shared.provisioning import backoff
+from shared.provisioning.create import backoff
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, SKIPPED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
+from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_PROVISIONING, STATUS_RUNNING
 from tests.unit.provisioning.stockouts import (
     CLUSTER,
@@ -98,7 +101,7 @@ def test_backoff_schedule(base: int, cap: int, attempts: int, expected: int) -> 
     ],
 )
 def test_quota_errors_are_told_from_other_refusals(message: str, quota: bool) -> None:
-    assert backoff.is_quota_error(message) is quota
+    assert is_resource_quota(message) is quota
 
 
 def test_backoff_settings_are_validated() -> None:
@@ -112,9 +115,22 @@ def test_backoff_settings_are_validated() -> None:
 
 def test_a_malformed_record_is_ignored_rather_than_blocking_the_jobset() -> None:
     jobset = {"metadata": {"annotations": {labels.SLICE_FAILURES: "{not json"}}}
-    assert backoff.failures(jobset) == {}
+    assert backoff.failures(JobSet.parse(jobset)) == {}
     jobset["metadata"]["annotations"][labels.SLICE_FAILURES] = json.dumps({"p": {"attempts": "x"}, "q": 3})
-    assert backoff.failures(jobset) == {}
+    assert backoff.failures(JobSet.parse(jobset)) == {}
+
+
+def test_a_record_stamped_in_the_future_is_the_tenants_and_is_ignored() -> None:
+    # The annotation is on the tenant's own JobSet: a failedAt after now would postpone the slice's
+    # create and its ERROR pool's recycling for as long as it says.
+    now = 1_800_000_000.0
+    record = {
+        "soon": {"attempts": 1, "failedAt": int(now + backoff.MAX_CLOCK_SKEW_SECONDS)},
+        "forged": {"attempts": 1, "failedAt": 9_999_999_999},
+    }
+    jobset = {"metadata": {"annotations": {labels.SLICE_FAILURES: json.dumps(record)}}}
+    assert set(backoff.failures(JobSet.parse(jobset), now)) == {"soon"}
+    assert backoff.waiting(SETTINGS, JobSet.parse(jobset), "forged", now) is None
 
 
 # -- what the user sees ---------------------------------------------------------------------------
@@ -124,7 +140,7 @@ def test_first_sighting_records_the_attempt_on_the_jobset_and_says_when_it_is_re
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    service = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    service = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
     assert pending(service, pods[0]) == CREATED
     stock_out(gke)
     [name] = gke.managed_names(CLUSTER)
@@ -148,8 +164,8 @@ def test_reconcile_keeps_a_failed_pool_until_its_backoff_is_over_then_recycles_i
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
-    reconcile = Reconciler(SETTINGS, gke, kube, clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
+    reconcile = Reconciler(Services(SETTINGS, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     [name] = gke.managed_names(CLUSTER)
@@ -185,8 +201,8 @@ def test_a_stockout_lasting_hours_costs_a_few_creates_per_hour_and_the_slice_lan
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
-    reconcile = Reconciler(SETTINGS, gke, kube, clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
+    reconcile = Reconciler(Services(SETTINGS, gke, kube, wall_clock=clock))
     creates_by_hour: list[int] = []
     # Three hours of stockout: a pending event every minute, a sweep every five, every create fails.
     for hour in range(3):
@@ -223,8 +239,8 @@ def test_a_quota_refusal_is_reported_on_the_jobset_and_backs_off_the_same_way(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
-    reconcile = Reconciler(SETTINGS, gke, kube, clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
+    reconcile = Reconciler(Services(SETTINGS, gke, kube, wall_clock=clock))
     gke.fail("create", "quota")
     assert pending(provision, pods[0]) == FAILED
     name = next(iter(record(kube)))
@@ -259,7 +275,7 @@ def test_siblings_backing_off_are_not_created_with_the_group(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, replicas=2)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
     gke.fail("create", "quota", times=2)
     pending(provision, pods[0])
     assert len(record(kube)) == 2 and gke.count("create") == 2
@@ -271,7 +287,7 @@ def test_two_functions_seeing_the_same_failure_count_it_once(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     [name] = gke.managed_names(CLUSTER)
@@ -288,7 +304,7 @@ def test_a_jobset_that_keeps_changing_makes_the_write_retry_by_redelivery(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     kube.before_annotate = kube.touch_jobset  # every write loses the race
@@ -302,10 +318,10 @@ def test_a_failed_pool_of_a_jobset_that_is_gone_is_deleted_without_waiting(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube)
-    pending(Provisioner(SETTINGS, gke, kube, wall_clock=clock), pods[0])
+    pending(Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock)), pods[0])
     stock_out(gke)
     del kube.jobsets[("team-a", "a")]
-    assert Reconciler(SETTINGS, gke, kube, clock=clock).sweep().deleted == 1
+    assert Reconciler(Services(SETTINGS, gke, kube, wall_clock=clock)).sweep().deleted == 1
     assert gke.managed_names(CLUSTER) == []
 
 
@@ -314,7 +330,7 @@ def test_an_attempt_is_logged_as_failed_once_however_often_it_is_seen(
 ) -> None:
     # The stockout metric counts backoff.failed lines: one per attempt, not one per sighting.
     pods = submit(kube)
-    provision = Provisioner(SETTINGS, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(SETTINGS, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     with caplog.at_level(logging.INFO, logger="tpuprov.backoff"):

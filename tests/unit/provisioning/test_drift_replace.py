@@ -18,10 +18,13 @@ from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS, REPLACED, Outcome
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_RUNNING
 
-BUILT_UNDER = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
+BUILT_UNDER = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0
+)
 CLUSTER = BUILT_UNDER.cluster_path
 NEW_SA = "tpu-nodes@p.iam.gserviceaccount.com"
 # The operator has since moved the nodes to their own service account and bigger disks.
@@ -31,7 +34,7 @@ DRIFT = f"NODE_SERVICE_ACCOUNT: default -> {NEW_SA}; DISK_SIZE_GB: 100 -> 200"
 
 def provision(settings: Settings, gke: FakeGke, kube: FakeKube, pod: dict[str, Any]) -> Outcome:
     meta = pod["metadata"]
-    service = Provisioner(settings, gke, kube)
+    service = Provisioner(Services(settings, gke, kube))
     return service.handle_pending_pod(meta["namespace"], meta["name"], datetime.datetime.now(tz=datetime.UTC))
 
 
@@ -113,7 +116,7 @@ def test_the_sweep_reports_drift_and_never_replaces_on_its_own(
     kube.pods.clear()  # no pending pod: nothing for provision to act on
     settings = CHANGED.with_overrides(replace_drifted_pools=True)
     with caplog.at_level(logging.INFO, logger="tpuprov.reconcile"):
-        Reconciler(settings, gke, kube).sweep()
+        Reconciler(Services(settings, gke, kube)).sweep()
     assert gke.count("delete") == 0 and gke.managed_names(CLUSTER) == [name]
     assert not any(kube.nodes[n]["spec"].get("unschedulable") for n in nodes)
     drifted = [r for r in caplog.records if getattr(r, "fields", {}).get("event") == "reconcile.drift"]

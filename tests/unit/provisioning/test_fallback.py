@@ -15,6 +15,7 @@ from shared.core.errors import TransientError
 from shared.provisioning.outcomes import CREATED, EXISTS, SKIPPED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from tests.unit.provisioning.stockouts import (
     CLUSTER,
@@ -70,7 +71,7 @@ def test_a_stockout_falls_back_to_the_next_option_at_once_and_only_then_backs_of
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
 
     assert pending(provision, pods[0]) == CREATED
     stock_out(gke)
@@ -99,7 +100,7 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube, {labels.SPOT: "true", labels.ZONE: B})
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     pending(provision, pods[0])
@@ -111,7 +112,7 @@ def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(
 def test_a_quota_refusal_falls_back_by_redelivery(gke: FakeGke, kube: FakeKube, clock: FakeClock) -> None:
     created = Recorder(gke)
     pods = submit(kube)
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     gke.fail("create", "quota")
     with pytest.raises(TransientError, match=f"falling back to spot@{A}"):
         pending(provision, pods[0])
@@ -122,7 +123,7 @@ def test_a_quota_refusal_falls_back_by_redelivery(gke: FakeGke, kube: FakeKube, 
 def test_the_jobset_annotation_chooses_the_policy(gke: FakeGke, kube: FakeKube, clock: FakeClock) -> None:
     created = Recorder(gke)
     pods = submit(kube, **{labels.CAPACITY_POLICY: f"on-demand@{A}"})
-    pending(Provisioner(POLICY, gke, kube, wall_clock=clock), pods[0])
+    pending(Provisioner(Services(POLICY, gke, kube, wall_clock=clock)), pods[0])
     assert created.seen == [f"on-demand@{A}"]
 
 
@@ -130,7 +131,7 @@ def test_a_bad_annotation_is_refused_on_the_pod_and_nothing_is_created(
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, **{labels.CAPACITY_POLICY: "cheapest"})
-    assert pending(Provisioner(POLICY, gke, kube, wall_clock=clock), pods[0]) == "refused"
+    assert pending(Provisioner(Services(POLICY, gke, kube, wall_clock=clock)), pods[0]) == "refused"
     assert gke.count("create") == 0
     assert any(
         "kind must be one of" in e["message"] for e in kube.events if e["reason"] == labels.REASON_REFUSED
@@ -142,10 +143,10 @@ def test_reconcile_recycles_a_failed_pool_at_once_when_the_policy_has_another_op
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
-    reconciler = Reconciler(POLICY, gke, kube, clock=clock)
+    reconciler = Reconciler(Services(POLICY, gke, kube, wall_clock=clock))
     summary = reconciler.sweep()
     assert summary.backing_off == 0 and gke.managed_names(CLUSTER) == []
     reconciler.sweep()  # the next sweep requests the slice on its next option
@@ -159,13 +160,13 @@ def test_after_a_failed_round_the_slice_waits_then_starts_over_with_the_first_op
     created = Recorder(gke)
     settings = POLICY.with_overrides(capacity_policy="spot, on-demand")
     pods = submit(kube)
-    provision = Provisioner(settings, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(settings, gke, kube, wall_clock=clock))
     for _ in range(2):  # spot fails, on-demand fails
         pending(provision, pods[0])
         stock_out(gke)
         pending(provision, pods[0])
     assert created.seen == [f"spot@{B}", f"on-demand@{B}"]
-    reconciler = Reconciler(settings, gke, kube, clock=clock)
+    reconciler = Reconciler(Services(settings, gke, kube, wall_clock=clock))
     reconciler.sweep()
     assert gke.managed_names(CLUSTER)  # backing off: the failed pool stays
     clock.now += 300
@@ -182,7 +183,7 @@ def test_a_reservation_gke_cannot_use_falls_back_to_the_next_option(
     created = Recorder(gke)
     settings = POLICY.with_overrides(capacity_policy="reservation:tpu-res, on-demand")
     pods = submit(kube)
-    provision = Provisioner(settings, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(settings, gke, kube, wall_clock=clock))
     gke.fail("create", answer)
     with pytest.raises(TransientError, match=f"falling back to on-demand@{B}"):
         pending(provision, pods[0])
@@ -196,7 +197,7 @@ def test_a_pod_selecting_a_full_reservation_backs_off_instead_of_retrying_foreve
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, {labels.RESERVATION_NAME: "tpu-res"})
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     gke.fail("create", "reservation-full", times=3)
     assert pending(provision, pods[0]) == "failed"  # acknowledged: no redelivery storm
     assert pending(provision, pods[0]) == SKIPPED  # backing off
@@ -208,7 +209,7 @@ def test_a_policy_broken_after_the_create_backs_off_instead_of_failing_the_deliv
     gke: FakeGke, kube: FakeKube, clock: FakeClock
 ) -> None:
     pods = submit(kube, **{labels.CAPACITY_POLICY: "spot, on-demand"})
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     kube.jobsets[("team-a", "a")]["metadata"]["annotations"][labels.CAPACITY_POLICY] = "cheapest"
@@ -224,7 +225,7 @@ def test_a_fallback_delete_gke_refuses_for_now_is_redelivered_and_then_done(
 ) -> None:
     created = Recorder(gke)
     pods = submit(kube)
-    provision = Provisioner(POLICY, gke, kube, wall_clock=clock)
+    provision = Provisioner(Services(POLICY, gke, kube, wall_clock=clock))
     pending(provision, pods[0])
     stock_out(gke)
     gke.fail("delete", answer)  # every operation slot taken, or another operation on the cluster

@@ -19,14 +19,17 @@ from shared.cloud.retry import Budget
 from shared.core import labels
 from shared.core.errors import InvalidInputError, OperationLimitError, RejectedError, TransientError
 from shared.core.settings import Settings
-from shared.provisioning.fanout import fan_out
-from shared.provisioning.known import KNOWN_POOL_TTL_SECONDS
+from shared.provisioning.create.fanout import fan_out
+from shared.provisioning.create.known import KNOWN_POOL_TTL_SECONDS
 from shared.provisioning.outcomes import CREATED, EXISTS
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", create_concurrency=1)
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c", create_concurrency=1
+)
 CLUSTER = SETTINGS.cluster_path
 
 
@@ -63,7 +66,7 @@ def refuse_create_number(gke: FakeGke, number: int, error: Exception) -> None:
         # GKE's 429 names its quota (5): with two pools provisioning, three slots are free.
         (
             OperationLimitError(
-                '429 Too many operations: cluster "c" hits the concurrent operations quota 5'
+                '429 Too many operations: cluster "c" hits the concurrent operations quota 5', 5
             ),
             5,
             5,
@@ -78,7 +81,7 @@ def test_fan_out_stops_at_the_operation_limit_and_redelivery_finishes_the_group(
     gke, kube = FakeGke(), FakeKube()
     pods = submit(kube, replicas=6)
     refuse_create_number(gke, 3, error)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS))
 
     with pytest.raises(OperationLimitError, match=r"2 of 6 pools .* 4 left for redelivery"):
         deliver(service, pods[0])
@@ -121,7 +124,7 @@ def test_deadline_stops_new_creates_and_redelivery_continues():
 
     gke.on_call = slow_gke
     settings = SETTINGS.with_overrides(request_deadline_seconds=10)
-    service = Provisioner(settings, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS, clock=clock)
+    service = Provisioner(Services(settings, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS, clock=clock))
 
     with pytest.raises(TransientError, match="time budget") as caught:
         deliver(service, pods[0])
@@ -143,17 +146,17 @@ def test_another_instance_finishes_a_group_whose_requesting_pool_exists():
     pods = submit(kube, replicas=4)
     refuse_create_number(gke, 2, OperationLimitError("429 Too many operations"))
     with pytest.raises(OperationLimitError):
-        deliver(Provisioner(SETTINGS, gke, kube), pods[0])
+        deliver(Provisioner(Services(SETTINGS, gke, kube)), pods[0])
     assert len(gke.managed_names(CLUSTER)) == 1
 
     gke.on_call = None
     reads = kube.reads
-    assert deliver(Provisioner(SETTINGS, gke, kube), pods[0]) == EXISTS
+    assert deliver(Provisioner(Services(SETTINGS, gke, kube)), pods[0]) == EXISTS
     assert len(gke.managed_names(CLUSTER)) == 4
-    assert kube.reads - reads == 2  # the pod and the JobSet that decides
+    assert kube.reads - reads == 3  # the pod, its Job and the JobSet that decides
     # Once the group is complete, an event for an existing pool reads only the pod (and GKE's list).
     reads = kube.reads
-    assert deliver(Provisioner(SETTINGS, gke, kube), pods[-1]) == EXISTS
+    assert deliver(Provisioner(Services(SETTINGS, gke, kube)), pods[-1]) == EXISTS
     assert kube.reads - reads == 1
     assert gke.count("create") == 2 + 3
 
@@ -162,11 +165,12 @@ def test_chip_budget_is_reserved_before_concurrent_creates():
     gke, kube = FakeGke(), FakeKube()
     pods = submit(kube, replicas=4)
     settings = SETTINGS.with_overrides(create_concurrency=4, chip_budget=8)  # two slices of 4 chips
-    assert deliver(Provisioner(settings, gke, kube), pods[0]) == CREATED
+    assert deliver(Provisioner(Services(settings, gke, kube)), pods[0]) == CREATED
     assert gke.count("create") == 2
-    # Both refusals say the same thing: one Event, counted twice (as Kubernetes' recorder aggregates).
-    [refused] = [e for e in kube.events if e["reason"] == labels.REASON_REFUSED]
-    assert refused["count"] == 2
+    # Both refusals say the same thing: one Event on the pod and one on its JobSet, each counted
+    # twice (as Kubernetes' recorder aggregates).
+    refused = [e for e in kube.events if e["reason"] == labels.REASON_REFUSED]
+    assert sorted((e["kind"], e["count"]) for e in refused) == [("JobSet", 2), ("Pod", 2)]
 
 
 def test_concurrent_fan_out_creates_each_pool_once_and_records_every_outcome():
@@ -174,7 +178,9 @@ def test_concurrent_fan_out_creates_each_pool_once_and_records_every_outcome():
     pods = submit(kube, replicas=12)
     gke.add(CLUSTER, NodePoolInfo(name="unrelated", status="RUNNING"))
     gke.fail("create", "rejected")  # one of the twelve is refused for good
-    outcome = Provisioner(SETTINGS.with_overrides(create_concurrency=5), gke, kube).provision_pod(pods[0])
+    outcome = Provisioner(Services(SETTINGS.with_overrides(create_concurrency=5), gke, kube)).provision_pod(
+        pods[0]
+    )
     assert gke.count("create") == 12
     assert len(outcome.requested) == 11
     assert kube.reasons().count(labels.REASON_REQUESTED) == 2  # one per group: the JobSet and the pod
@@ -250,7 +256,7 @@ def test_a_resume_racing_a_pending_pods_event_sends_no_second_create():
     # is between its own listing and its creates: both see the group missing.
     gke, kube = FakeGke(), RacingKube()
     pods = submit(kube, replicas=2)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=KNOWN_POOL_TTL_SECONDS))
     listed = threading.Event()
     resumed: list[list[str]] = []
     gke_list = gke.list_node_pools

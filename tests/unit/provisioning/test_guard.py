@@ -8,7 +8,8 @@ import pytest
 
 from sandbox.testing.fakes import FakeKube
 from shared.core import labels
-from shared.provisioning.guard import PER_NODE_READS, PoolGuard
+from shared.provisioning.release.guard import PER_NODE_READS, PoolGuard
+from shared.tpu.nodes import Node
 
 
 def _node(name: str) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def _pod(name: str, node: str, phase: str = "Running") -> dict[str, Any]:
 )
 def test_pods_on_finds_exactly_the_live_pods_of_the_pools_nodes(hosts: int, reads: int) -> None:
     kube = FakeKube()
-    nodes = [_node(f"n{i}") for i in range(hosts)]
+    nodes = [Node.parse(_node(f"n{i}")) for i in range(hosts)]
     kube.add_pod(_pod("mine", f"n{hosts - 1}"))
     kube.add_pod(_pod("done", "n0", phase="Succeeded"))
     kube.add_pod(_pod("elsewhere", "other-node"))

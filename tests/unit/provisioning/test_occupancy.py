@@ -11,7 +11,8 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.provisioning.occupancy import (
+from shared.provisioning.release import occupancy
+from shared.provisioning.release.occupancy import (
     ADOPT,
     DELETE,
     KEEP,
@@ -22,17 +23,19 @@ from shared.provisioning.occupancy import (
     Verdict,
     adopted_labels,
     decide,
-    demand,
-    occupants,
     pool_shape,
     spec_shape,
 )
 from shared.tpu.capacity import CapacityOption
-from shared.tpu.jobsets import expand_pods
+from shared.tpu.jobsets import JobSet, expand_pods
 from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Chain
 from shared.tpu.slices import build_node_pool, slice_request
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", idle_pool_seconds=120)
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c", idle_pool_seconds=120
+)
 OWNER = {labels.OWNER_NAMESPACE: "team-a", labels.OWNER_NAME: "old", labels.OWNER_UID: "u-old"}
 POOL = NodePoolInfo(
     name="pool-1",
@@ -41,29 +44,61 @@ POOL = NodePoolInfo(
     node_count=1,
     labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE, **OWNER, "team": "ml"},
 )
-NODES = [{"metadata": {"name": "n-0", "labels": {labels.NODEPOOL: "pool-1"}}}]
+NODES = [Node("n-0", {labels.NODEPOOL: "pool-1"})]
 GONE = Verdict(True, "JobSet team-a/old completed")
 
 
-def js(name: str, uid: str, **status: Any) -> dict[str, Any]:
+def js(name: str, uid: str, suspend: bool = False, **status: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "team-a", "uid": uid}
     if status.pop("deleting", False):
         meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
     conditions = [{"type": t, "status": "True"} for t in status.pop("conditions", [])]
-    return {"metadata": meta, "spec": {}, "status": {"conditions": conditions}}
+    return {"metadata": meta, "spec": {"suspend": suspend}, "status": {"conditions": conditions}}
+
+
+_NAMES = iter(range(10**6))
 
 
 def pod(
-    jobset: str, uid: str | None, node: str = "n-0", phase: str = "Running", rjob: str = "w", idx: str = "1"
-):
+    jobset: str,
+    uid: str | None,
+    node: str = "n-0",
+    phase: str = "Running",
+    rjob: str = "w",
+    idx: str = "1",
+    tpu: bool = True,
+    proven: bool = True,
+) -> tuple[dict[str, Any], Chain | None]:
+    """A pod and the chain its Job proves (None when it has none: labels alone prove nothing)."""
     pod_labels = {labels.JOBSET_NAME: jobset, labels.REPLICATED_JOB_NAME: rjob, labels.JOB_INDEX: idx}
     if uid is not None:
         pod_labels[labels.JOBSET_UID] = uid
-    return {
-        "metadata": {"namespace": "team-a", "labels": pod_labels},
-        "spec": {"nodeName": node},
+    requests = {labels.TPU_RESOURCE: "4"} if tpu else {"cpu": "1"}
+    obj = {
+        "metadata": {"name": f"p{next(_NAMES)}", "namespace": "team-a", "labels": pod_labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": requests}}]},
         "status": {"phase": phase},
     }
+    chain = Chain("team-a", jobset, uid or "", rjob, int(idx), f"{jobset}-{rjob}-{idx}") if proven else None
+    return obj, chain
+
+
+def demand(jobsets: list[dict[str, Any]], pools: list[NodePoolInfo], settings: Settings) -> list[Demand]:
+    """``occupancy.demand`` on JobSets as the adapter parses them."""
+    return occupancy.demand([JobSet.parse(j) for j in jobsets], pools, settings)
+
+
+def occupants(
+    pool: NodePoolInfo, nodes: list[Node], pods: list[dict[str, Any]], jobsets: dict[Any, Any], chains: Any
+) -> list[Occupant]:
+    """``occupancy.occupants`` with the JobSets read parsed as the adapter does."""
+    views = {k: JobSet.parse(v) if v is not None else None for k, v in jobsets.items()}
+    return occupancy.occupants(pool, nodes, pods, views, chains)
+
+
+def run(pods: list[tuple[dict[str, Any], Chain | None]], jobsets: dict[Any, Any]) -> list[Occupant]:
+    chains = {(p["metadata"]["namespace"], p["metadata"]["name"]): c for p, c in pods if c is not None}
+    return occupants(POOL, NODES, [p for p, _ in pods], jobsets, chains)
 
 
 def occ(name: str, uid: str, pods: int = 1, rjob: str = "w", idx: str = "1") -> Occupant:
@@ -86,17 +121,22 @@ LIVE = {
         ([pod("new", "u-new", node="elsewhere")], LIVE, []),
         ([pod("old", "u-old")], LIVE, []),
         ([pod("new", "u-stale")], LIVE, []),
-        ([pod("new", None)], LIVE, [occ("new", "u-new")]),
+        ([pod("new", "u-new", proven=False)], LIVE, []),
+        ([pod("new", "u-new", tpu=False)], LIVE, []),
+        ([pod("hold", "u-hold")], {**LIVE, ("team-a", "hold"): js("hold", "u-hold", suspend=True)}, []),
         ([pod("new", "u-new")], {("team-a", "new"): js("new", "u-new", deleting=True)}, []),
         ([pod("new", "u-new")], {("team-a", "new"): js("new", "u-new", conditions=["Failed"])}, []),
         ([pod("new", "u-new")], {}, []),
         (
             [
-                {
-                    "metadata": {"namespace": "kube-system"},
-                    "spec": {"nodeName": "n-0"},
-                    "status": {"phase": "Running"},
-                }
+                (
+                    {
+                        "metadata": {"name": "ds", "namespace": "kube-system"},
+                        "spec": {"nodeName": "n-0"},
+                        "status": {"phase": "Running"},
+                    },
+                    None,
+                )
             ],
             LIVE,
             [],
@@ -115,7 +155,9 @@ LIVE = {
         "other-node",
         "terminal-jobset",
         "old-incarnation-uid",
-        "no-uid-label",
+        "labels-without-a-job-chain-prove-nothing",
+        "a-pod-without-tpus-holds-nothing",
+        "a-suspended-jobset-never-holds-a-pool",
         "jobset-being-deleted",
         "jobset-failed",
         "jobset-gone",
@@ -123,12 +165,15 @@ LIVE = {
         "busiest-first",
     ],
 )
-def test_occupants(pods: list[dict[str, Any]], jobsets: dict[Any, Any], expected: list[Occupant]) -> None:
-    assert occupants(POOL, NODES, pods, jobsets) == expected
+def test_occupants(
+    pods: list[tuple[dict[str, Any], Chain | None]], jobsets: dict[Any, Any], expected: list[Occupant]
+) -> None:
+    assert run(pods, jobsets) == expected
 
 
 def test_a_pool_without_nodes_has_no_occupant() -> None:
-    assert occupants(POOL, [], [pod("new", "u-new")], LIVE) == []
+    found, chain = pod("new", "u-new")
+    assert occupants(POOL, [], [found], LIVE, {("team-a", found["metadata"]["name"]): chain}) == []
 
 
 SAME_SHAPE = Demand((pool_shape(POOL),), "team-a", "queued", "u-q", "team-a/queued w[0]")
@@ -258,6 +303,7 @@ def _slices(jobset: dict[str, Any]) -> list[tuple[str, Any]]:
 def _queued(name: str, **changes: Any) -> dict[str, Any]:
     jobset = tpu_jobset(name, "team-a", replicas=2)
     jobset["spec"]["suspend"] = True
+    jobset["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
     jobset.update(changes)
     return jobset
 
@@ -268,20 +314,71 @@ QUEUED = _queued("queued")
 @pytest.mark.parametrize(
     ("jobsets", "existing", "expected"),
     [
-        ([QUEUED], [], [(s,) for _, s in _slices(QUEUED)]),
-        ([QUEUED], [n for n, _ in _slices(QUEUED)][:1], [(s,) for _, s in _slices(QUEUED)][1:]),
-        ([tpu_jobset("running", "team-a")], [], []),
-        ([_queued("done", status={"conditions": [{"type": "Completed", "status": "True"}]})], [], []),
+        ([QUEUED], 0, [(_slices(QUEUED)[0][1],)]),
+        ([QUEUED], 1, [(_slices(QUEUED)[0][1],)]),
+        ([QUEUED], 2, []),
+        ([tpu_jobset("running", "team-a")], 0, []),
+        ([_queued("done", status={"conditions": [{"type": "Completed", "status": "True"}]})], 0, []),
         (
             [_queued("bye", metadata={**QUEUED["metadata"], "deletionTimestamp": "2024-01-01T00:00:00Z"})],
-            [],
+            0,
             [],
         ),
     ],
-    ids=["suspended", "own-pool-exists", "running", "terminal", "being-deleted"],
+    ids=[
+        "suspended",
+        "one-slice-has-its-pool",
+        "every-slice-has-its-pool",
+        "running",
+        "terminal",
+        "being-deleted",
+    ],
 )
-def test_demand(jobsets: list[dict[str, Any]], existing: list[str], expected: list[Any]) -> None:
-    assert [d.shapes for d in demand(jobsets, existing, SETTINGS)] == expected
+def test_demand(jobsets: list[dict[str, Any]], existing: int, expected: list[Any]) -> None:
+    # ``existing`` of the queued JobSet's slices already have a pool of their own (its owner labels).
+    sid = slice_request(expand_pods(QUEUED)[0]).slice_id
+    owned = {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.OWNER_NAMESPACE: sid.namespace,
+        labels.OWNER_NAME: sid.jobset,
+        labels.OWNER_UID: sid.jobset_uid,
+        labels.OWNER_REPLICATED_JOB: sid.replicated_job,
+    }
+    pools = [NodePoolInfo(name=f"own-{i}", status="RUNNING", labels=owned) for i in range(existing)]
+    assert [d.shapes for d in demand(jobsets, pools, SETTINGS)] == expected
+
+
+def test_demand_is_one_entry_per_replicated_job_however_many_pods_it_declares() -> None:
+    # A free suspended JobSet of a million declared pods costs what its one replicated job costs.
+    huge = _queued("huge")
+    huge["spec"]["replicatedJobs"][0]["replicas"] = 1000
+    huge["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = 1000
+    huge["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = 1000
+    [entry] = demand([huge], [], SETTINGS)
+    assert "1000 slice(s) without a pool" in entry.who
+
+
+def test_a_jobset_its_owner_suspended_outside_kueue_is_no_demand() -> None:
+    # No admission will ever bring its pods: holding a pool for it would only keep another team's.
+    held = _queued("held")
+    del held["metadata"]["labels"]
+    assert demand([held], [], SETTINGS) == []
+
+
+def test_a_jobset_provision_would_refuse_is_no_demand() -> None:
+    # One pod per Job of a 4-VM slice: provision refuses its slices, so no idle pool is held for it.
+    thin = _queued("thin")
+    thin["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = 1
+    thin["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = 1
+    assert demand([thin], [], SETTINGS) == []
+    assert demand([_queued("big")], [], SETTINGS.with_overrides(max_vms_per_jobset=4)) == []
+
+
+def test_a_jobset_the_guardrails_refuse_is_no_demand() -> None:
+    allowlisted = SETTINGS.with_overrides(namespace_allowlist=("team-b",))
+    assert demand([QUEUED], [], allowlisted) == []
+    accelerators = SETTINGS.with_overrides(allowed_accelerators=("tpu-v5p-slice",))
+    assert demand([QUEUED], [], accelerators) == []
 
 
 ZONES = SETTINGS.with_overrides(node_locations=("us-east5-a", "us-east5-b"))
@@ -342,5 +439,5 @@ def test_an_idle_pool_is_held_for_a_queued_jobset_whose_policy_allows_its_capaci
     # The pool of a finished JobSet, made on one option of its policy; a queued JobSet of the same
     # TPU shape whose own policy (or pods' choice) decides whether it could run there.
     idle = _idle_pool(settings, *pool)
-    found = demand([waiting], [idle.name], settings)
+    found = demand([waiting], [idle], settings)
     assert decide(idle, GONE, [], found, 0, settings).action == action

@@ -14,13 +14,14 @@ from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import RejectedError, TransientError
 from shared.core.settings import Settings
+from shared.provisioning.create.policies import WorkloadPolicies
 from shared.provisioning.outcomes import CREATED, FAILED
-from shared.provisioning.policies import WorkloadPolicies
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolSpec, Placement, WorkloadPolicyInfo
 
-SETTINGS = Settings(project_id="p", location="us-central2-b", cluster_name="c")
+SETTINGS = Settings(unlimited_spending=True, project_id="p", location="us-central2-b", cluster_name="c")
 REGION = "us-central2"
 NAME = "tpuprov-tpu7x-2-2-2"
 PATH = f"projects/p/regions/{REGION}/resourcePolicies/{NAME}"
@@ -149,7 +150,7 @@ def provision(settings, compute, gke, kube, jobset):
     pods = expand_pods(jobset)
     for pod in pods:
         kube.add_pod(pod)
-    service = Provisioner(settings, gke, kube, policies=WorkloadPolicies(settings, compute))
+    service = Provisioner(Services(settings, gke, kube, policies=WorkloadPolicies(settings, compute)))
     now = datetime.datetime.now(tz=datetime.UTC)
     return service.handle_pending_pod(pods[0]["metadata"]["namespace"], pods[0]["metadata"]["name"], now)
 

@@ -9,16 +9,24 @@ from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS, REFUSED, REPLACED, WAITING
 from shared.provisioning.provisioner import Provisioner
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_RUNNING
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c", cordon_settle_seconds=0)
+SETTINGS = Settings(
+    unlimited_spending=True,
+    project_id="p",
+    location="us-east5-b",
+    cluster_name="c",
+    cordon_settle_seconds=0,
+    node_label_keys=("team",),
+)
 CLUSTER = SETTINGS.cluster_path
 UID = "0b9a1c3e-1111-4222-8333-444455556666"
 
 
 def provision(gke, kube, pod):
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     meta = pod["metadata"]
     return service.handle_pending_pod(meta["namespace"], meta["name"], datetime.datetime.now(tz=datetime.UTC))
 
@@ -110,4 +118,20 @@ def test_a_pool_that_still_fits_is_kept(gke, kube):
     running_pool(gke, kube)
     outcome = provision(gke, kube, admit(kube, {labels.SPOT: "true", "team": "a"})[0])
     assert outcome.result == EXISTS
+    assert gke.count("delete") == 0
+
+
+def test_a_pool_labelled_for_another_slice_is_never_replaced_even_under_the_slices_name(gke, kube):
+    # The pool of this slice's name carries another slice's identity (a name collision, or labels
+    # moved by a handover): only a pool carrying this very slice (namespace, JobSet, uid, replicated
+    # job, index) is ever deleted for it.
+    provision(gke, kube, admit(kube, {})[0])
+    (name,) = gke.managed_names(CLUSTER)
+    pool = gke.pools[CLUSTER][name]
+    for key, value in ((labels.OWNER_NAMESPACE, "team-b"), (labels.OWNER_JOB_INDEX, "3")):
+        gke.pools[CLUSTER][name] = dataclasses.replace(
+            pool, status=STATUS_RUNNING, labels={**pool.labels, key: value}
+        )
+        outcome = provision(gke, kube, admit(kube, {labels.SPOT: "true"})[0])
+        assert outcome.result == REFUSED and outcome.why.endswith("it is not this JobSet's own pool")
     assert gke.count("delete") == 0

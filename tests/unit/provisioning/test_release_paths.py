@@ -8,6 +8,7 @@ with the right owner, its nodes schedulable, and the decision visible as Events.
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,8 @@ from shared.core.errors import TransientError
 from shared.provisioning.outcomes import CREATED, EXISTS
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
-from shared.provisioning.releaser import Releaser
+from shared.provisioning.release.releaser import Releaser
+from shared.provisioning.services import Services
 from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
 from tests.unit.provisioning.releases import (
     CLUSTER,
@@ -29,6 +31,7 @@ from tests.unit.provisioning.releases import (
     land,
     now,
     owner,
+    queue,
     schedulable,
     submit,
     suspend,
@@ -73,7 +76,7 @@ def test_reconcile_never_deletes_a_suspended_jobsets_pool_the_preemptor_runs_on(
     preemptor = tpu_jobset("preemptor", "team-a", replicas=1)
     land(kube, preemptor, pool)
 
-    summary = Reconciler(SETTINGS, gke, kube).sweep()
+    summary = Reconciler(Services(SETTINGS, gke, kube)).sweep()
 
     assert (summary.deleted, summary.adopted) == (0, 1)
     assert owner(gke, pool) == ("preemptor", preemptor["metadata"]["uid"])
@@ -117,10 +120,10 @@ def test_reconcile_recycles_an_error_pool_only_when_nobody_runs_on_it(gke: FakeG
     kube.pods = {k: p for k, p in kube.pods.items() if p["metadata"]["labels"][labels.JOBSET_NAME] == "busy"}
 
     now = datetime.datetime.now(tz=datetime.UTC).timestamp()
-    first = Reconciler(SETTINGS, gke, kube, clock=lambda: now).sweep()
+    first = Reconciler(Services(SETTINGS, gke, kube, wall_clock=lambda: now)).sweep()
     assert (first.backing_off, first.healed) == (2, 0)  # both wait out their stockout backoff
     later = now + SETTINGS.stockout_backoff_seconds
-    summary = Reconciler(SETTINGS, gke, kube, clock=lambda: later).sweep()
+    summary = Reconciler(Services(SETTINGS, gke, kube, wall_clock=lambda: later)).sweep()
 
     assert busy_pool.name in gke.pools[CLUSTER]
     assert idle_pool.name not in gke.pools[CLUSTER]
@@ -132,9 +135,11 @@ def test_reconcile_records_released_on_the_jobset(gke: FakeGke, kube: FakeKube) 
     a = tpu_jobset("a", "team-a", replicas=2)
     pools = with_pools(gke, kube, a)
     finish(kube, "a", "Failed")
-    assert Reconciler(SETTINGS, gke, kube).sweep().deleted == 2
+    assert Reconciler(Services(SETTINGS, gke, kube)).sweep().deleted == 2
     [message] = events(kube, labels.REASON_RELEASED, "a")
     assert all(p.name in message for p in pools) and "reconcile" in message
+    # A sweep's Event says why each pool went (an event's trigger already does).
+    assert all(f"{p.name}: JobSet team-a/a failed" in message for p in pools), message
 
 
 def test_the_cordon_stops_a_pod_binding_between_the_check_and_the_delete(
@@ -180,9 +185,7 @@ def test_an_idle_pool_waits_for_a_queued_jobset_of_its_shape_then_goes(gke: Fake
     a = tpu_jobset("a", "team-a", replicas=1)
     [pool] = with_pools(gke, kube, a)
     finish(kube, "a", when=ago(30))
-    queued = tpu_jobset("queued", "team-a", replicas=1)
-    queued["spec"]["suspend"] = True
-    kube.add_jobset(queued)
+    queued = queue(kube, "queued")
     settings = SETTINGS.with_overrides(idle_pool_seconds=120)
 
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
@@ -191,7 +194,7 @@ def test_an_idle_pool_waits_for_a_queued_jobset_of_its_shape_then_goes(gke: Fake
     # Kueue admits it; its pod lands on the idle pool; the next look hands the pool over.
     queued["spec"]["suspend"] = False
     land(kube, queued, pool)
-    assert Reconciler(settings, gke, kube).sweep().adopted == 1
+    assert Reconciler(Services(settings, gke, kube)).sweep().adopted == 1
     assert owner(gke, pool)[0] == "queued"
 
 
@@ -199,11 +202,49 @@ def test_an_unclaimed_idle_pool_is_deleted_after_the_window(gke: FakeGke, kube: 
     a = tpu_jobset("a", "team-a", replicas=1)
     [pool] = with_pools(gke, kube, a)
     finish(kube, "a", when=ago(200))
-    queued = tpu_jobset("queued", "team-a", replicas=1)
-    queued["spec"]["suspend"] = True
-    kube.add_jobset(queued)
+    queue(kube, "queued")
     settings = SETTINGS.with_overrides(idle_pool_seconds=120)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+
+
+def test_the_deletion_of_the_jobset_an_idle_pool_waits_for_releases_it_at_once(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # A's release kept its pool idle for the queued JobSet of its shape; then the queued one is
+    # deleted. Its release owns no pool, but it is the end of what the idle pool waited for: the pool
+    # goes now, not when the handover window or the next sweep comes.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(30))
+    queue(kube, "queued")
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)
+
+    del kube.jobsets[("team-a", "queued")]
+    deleted = Releaser(settings, gke, kube).release("team-a", "queued", "", "JobSet deleted", deleted=True)
+    assert deleted == [pool.name]
+    assert any(pool.name in m for m in events(kube, labels.REASON_RELEASED, "a"))
+
+
+def test_an_idle_pool_still_wanted_stays_through_another_jobsets_release(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # The same, but the queued JobSet is still there when an unrelated JobSet's release looks: the
+    # idle pool keeps waiting, and the unrelated release says nothing about it.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(30))
+    queue(kube, "queued")
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert Releaser(settings, gke, kube).release("team-b", "other", "", "JobSet deleted", deleted=True) == []
+    assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
+    assert gke.count("delete") == 0
+    # Nor does a JobSet's end re-judge it, whoever waits (the next one may be admitted and unbound).
+    del kube.jobsets[("team-a", "queued")]
+    assert Releaser(settings, gke, kube).release("team-b", "other", "", "JobSet completed") == []
+    assert pool.name in gke.pools[CLUSTER] and gke.count("delete") == 0
 
 
 def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke, kube: FakeKube) -> None:
@@ -211,9 +252,7 @@ def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke,
     [pool] = with_pools(gke, kube, a)
     kube.pods.clear()
     del kube.jobsets[("team-a", "a")]
-    queued = tpu_jobset("queued", "team-a", replicas=1)
-    queued["spec"]["suspend"] = True
-    kube.add_jobset(queued)
+    queue(kube, "queued")
     settings = SETTINGS.with_overrides(idle_pool_seconds=120)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet deleted") == []
     stamp = int(gke.pools[CLUSTER][pool.name].labels[labels.IDLE_SINCE])
@@ -225,7 +264,7 @@ def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke,
             "labels": {**pool.labels, labels.IDLE_SINCE: str(stamp - 121)},
         }
     )
-    assert Reconciler(settings, gke, kube).sweep().deleted == 1
+    assert Reconciler(Services(settings, gke, kube)).sweep().deleted == 1
 
 
 def test_reconcile_lifts_only_its_own_stale_cordons_from_kept_pools(gke: FakeGke, kube: FakeKube) -> None:
@@ -233,7 +272,7 @@ def test_reconcile_lifts_only_its_own_stale_cordons_from_kept_pools(gke: FakeGke
     first, second = with_pools(gke, kube, a)
     kube.set_unschedulable(f"gke-c-{first.name}-0", True, "1000 tpu-provisioner is about to delete it")
     kube.nodes[f"gke-c-{second.name}-0"]["spec"]["unschedulable"] = True  # an operator's cordon
-    Reconciler(SETTINGS, gke, kube).sweep()
+    Reconciler(Services(SETTINGS, gke, kube)).sweep()
     assert schedulable(kube, first)
     assert not schedulable(kube, second)
 
@@ -243,7 +282,7 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
     pods = submit(kube, a)
     for pod in pods:
         pod["metadata"]["creationTimestamp"] = ago(5)
-    service = Provisioner(SETTINGS, gke, kube, known_pool_ttl=30.0)
+    service = Provisioner(Services(SETTINGS, gke, kube, known_pool_ttl=30.0))
     assert service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now()).result == CREATED
     # A duplicate event of the same pod is answered from memory (no listing).
     lists = gke.count("list")
@@ -251,7 +290,7 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
     assert gke.count("list") == lists
     # Kueue suspends it past the grace: reconcile releases the pools (another instance).
     suspend(kube, "a", since=SETTINGS.suspend_grace_seconds + 60)
-    Reconciler(SETTINGS, gke, kube).sweep()
+    Reconciler(Services(SETTINGS, gke, kube)).sweep()
     assert gke.managed_names(CLUSTER) == []
     # Un-suspended: the JobSet controller creates new pods; the first event requests the pool again.
     kube.jobsets[("team-a", "a")]["spec"]["suspend"] = False
@@ -267,7 +306,7 @@ def test_after_unsuspend_pools_are_requested_again_within_one_event(gke: FakeGke
 def test_provision_reports_an_error_pool_on_the_jobset_at_once(gke: FakeGke, kube: FakeKube) -> None:
     a = tpu_jobset("a", "team-a", replicas=1)
     pods = submit(kube, a)
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     service.handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
     [name] = gke.managed_names(CLUSTER)
     gke.mark(CLUSTER, name, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity")
@@ -281,7 +320,103 @@ def test_provision_reports_an_error_pool_on_the_jobset_at_once(gke: FakeGke, kub
 def test_requested_is_one_event_per_group_naming_every_pool(gke: FakeGke, kube: FakeKube) -> None:
     a = tpu_jobset("a", "team-a", replicas=3)
     pods = submit(kube, a)
-    Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", pods[0]["metadata"]["name"], now())
+    Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod(
+        "team-a", pods[0]["metadata"]["name"], now()
+    )
     requested = [e for e in kube.events if e["reason"] == labels.REASON_REQUESTED]
     assert sorted(e["kind"] for e in requested) == ["JobSet", "Pod"]
     assert all(all(n in e["message"] for n in gke.managed_names(CLUSTER)) for e in requested)
+
+
+@pytest.mark.parametrize(
+    ("tenants", "kept"),
+    [
+        pytest.param('{"team-a": {"chips": 64}}', True, id="budget-fits-a-slice"),
+        pytest.param('{"team-b": {"chips": 64}}', False, id="namespace-has-no-entry"),
+        pytest.param('{"team-a": {"chips": 4}}', False, id="budget-below-one-slice"),
+    ],
+)
+def test_an_idle_pool_is_kept_only_for_a_namespace_that_may_hold_it(
+    gke: FakeGke, kube: FakeKube, tenants: str, kept: bool
+) -> None:
+    # The guardrails apply to keeping an idle pool as to buying one: a queued JobSet whose namespace
+    # TENANTS lets spend nothing, or less than one slice, is no reason to keep paying for the pool.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(30))
+    queue(kube, "queued")
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120, tenants=tenants, unlimited_spending=False)
+
+    deleted = Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed")
+
+    assert deleted == ([] if kept else [pool.name])
+    assert (pool.name in gke.pools[CLUSTER]) is kept
+
+
+def test_a_bare_pod_naming_another_jobset_holds_nothing_and_the_release_says_so(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # A tenant pins a pod that only names JobSet "hold" (no Job made it) to A's node: A's release
+    # deletes the pool anyway, and its Event names the pod it did not count.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    hold = queue(kube, "hold")
+    kube.add_pod(
+        {
+            "metadata": {
+                "name": "squat",
+                "namespace": "team-a",
+                "labels": {labels.JOBSET_NAME: "hold", labels.JOBSET_UID: hold["metadata"]["uid"]},
+            },
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {labels.TPU_RESOURCE: "4"}}}]},
+        }
+    )
+    kube.bind("team-a", "squat", f"gke-c-{pool.name}-0")
+
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+    [message] = [m for m in events(kube, labels.REASON_RELEASED, "a") if pool.name in m]
+    assert f"not counted as occupants of {pool.name}: pod(s) team-a/squat" in message
+
+
+def _admitted_now(kube: FakeKube, name: str, when: str) -> dict[str, Any]:
+    """A queued JobSet Kueue has just admitted: JobSet's controller turned Suspended False (ResumeJobs)."""
+    jobset = queue(kube, name)
+    jobset["spec"]["suspend"] = False
+    jobset["status"] = {
+        "conditions": [
+            {"type": "Suspended", "status": "False", "reason": "ResumeJobs", "lastTransitionTime": when}
+        ]
+    }
+    return jobset
+
+
+def test_a_pool_is_not_deleted_while_a_jobset_admitted_just_now_may_land_on_it(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # Kueue admits C as A completes; C's pods do not exist yet. Deleting A's pool now would leave
+    # them Pending and buy a new pool: the release asks to look again, without a cordon or a hold.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(5))
+    c = _admitted_now(kube, "c", ago(2))
+
+    with pytest.raises(TransientError, match="admitted just now"):
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed")
+    assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
+    assert not gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)  # nothing held for it
+
+    # The redelivery: C's pod bound to the pool, which becomes C's.
+    land(kube, c, pool)
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert owner(gke, pool)[0] == "c"
+
+
+def test_a_jobset_admitted_long_ago_or_with_pools_of_its_own_defers_nothing(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(5))
+    _admitted_now(kube, "c", ago(600))
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]

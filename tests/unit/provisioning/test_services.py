@@ -12,11 +12,12 @@ from shared.core.settings import Settings
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
-from shared.provisioning.releaser import Releaser
+from shared.provisioning.release.releaser import Releaser
+from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 
-SETTINGS = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+SETTINGS = Settings(unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c")
 CLUSTER = SETTINGS.cluster_path
 
 
@@ -37,7 +38,7 @@ def submit(kube, jobset):
 
 
 def provision_all(gke, kube, pods, settings=SETTINGS, ttl=0.0):
-    service = Provisioner(settings, gke, kube, known_pool_ttl=ttl)
+    service = Provisioner(Services(settings, gke, kube, known_pool_ttl=ttl))
     return [
         service.handle_pending_pod(p["metadata"]["namespace"], p["metadata"]["name"], now()) for p in pods
     ]
@@ -107,7 +108,7 @@ def test_cluster_is_read_once_per_instance_and_decides_upgrades(kube, channel, a
 def test_failed_cluster_read_is_retried_by_redelivery_and_not_cached(kube):
     gke = FakeGke()
     pods = submit(kube, tpu_jobset("t", "team-a", replicas=1))
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     gke.fail("get_cluster", "unavailable")
     name = pods[0]["metadata"]["name"]
     with pytest.raises(TransientError):
@@ -126,7 +127,7 @@ def test_spot_with_reservation_is_refused_on_the_pod(gke, kube):
 
 def test_concurrent_create_409_is_success(gke, kube):
     pods = submit(kube, tpu_jobset("train", "team-a", replicas=1))
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     stale = gke.list_node_pools(CLUSTER)  # an instance that listed before the other one created
     assert service.provision_pod(kube.get_pod("team-a", pods[0]["metadata"]["name"]), stale).result == CREATED
     outcome = service.provision_pod(kube.get_pod("team-a", pods[1]["metadata"]["name"]), stale)
@@ -134,7 +135,7 @@ def test_concurrent_create_409_is_success(gke, kube):
 
 
 def test_old_event_and_missing_pod_are_skipped(gke, kube):
-    service = Provisioner(SETTINGS, gke, kube)
+    service = Provisioner(Services(SETTINGS, gke, kube))
     old = now() - datetime.timedelta(seconds=SETTINGS.max_event_age_seconds + 5)
     assert service.handle_pending_pod("team-a", "x", old).result == SKIPPED
     assert service.handle_pending_pod("team-a", "gone", now()).result == SKIPPED
@@ -207,7 +208,7 @@ def test_transient_gke_errors_raise_for_redelivery(gke, kube, kind):
 def test_kube_down_raises_transient(gke, kube):
     kube.down = True
     with pytest.raises(TransientError):
-        Provisioner(SETTINGS, gke, kube).handle_pending_pod("team-a", "p", now())
+        Provisioner(Services(SETTINGS, gke, kube)).handle_pending_pod("team-a", "p", now())
 
 
 # --- release -----------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ def test_reconcile_cleans_orphans_terminal_suspended_and_error_pools(gke, kube):
     gke.mark(CLUSTER, broken, STATUS_ERROR, "ZONE_RESOURCE_POOL_EXHAUSTED: no capacity")
 
     # Without a stockout backoff the ERROR pool is recycled at the first sweep (the old behaviour).
-    summary = Reconciler(SETTINGS.with_overrides(stockout_backoff_seconds=0), gke, kube).sweep()
+    summary = Reconciler(Services(SETTINGS.with_overrides(stockout_backoff_seconds=0), gke, kube)).sweep()
 
     owners = sorted(p.labels.get(labels.OWNER_NAME, "-") for p in gke.pools[CLUSTER].values())
     assert owners == ["-", "live", "young-susp"]
@@ -329,9 +330,9 @@ def test_reconcile_cleans_orphans_terminal_suspended_and_error_pools(gke, kube):
 
 def test_reconcile_requests_missed_creations_once_per_slice(gke, kube):
     submit(kube, tpu_jobset("lost", "team-a", replicas=2))
-    summary = Reconciler(SETTINGS, gke, kube).sweep()
+    summary = Reconciler(Services(SETTINGS, gke, kube)).sweep()
     assert summary.requested == 2 and gke.count("create") == 2
-    assert Reconciler(SETTINGS, gke, kube).sweep().requested == 0
+    assert Reconciler(Services(SETTINGS, gke, kube)).sweep().requested == 0
     assert gke.count("create") == 2
 
 
@@ -339,7 +340,7 @@ def test_reconcile_in_drain_mode_cleans_but_never_creates(gke, kube):
     running_pools(gke, kube, tpu_jobset("orphan", "team-a", replicas=1))
     del kube.jobsets[("team-a", "orphan")]
     submit(kube, tpu_jobset("lost", "team-a", replicas=1))
-    summary = Reconciler(SETTINGS.with_overrides(drain=True), gke, kube).sweep()
+    summary = Reconciler(Services(SETTINGS.with_overrides(drain=True), gke, kube)).sweep()
     assert (summary.deleted, summary.requested) == (1, 0)
     assert gke.count("create") == 1  # only the one made before drain
 
@@ -356,5 +357,28 @@ def test_reconcile_never_touches_unmanaged_pools(gke, kube):
             labels={"team": "x"},
         ),
     )
-    assert Reconciler(SETTINGS, gke, kube).sweep().deleted == 0
+    assert Reconciler(Services(SETTINGS, gke, kube)).sweep().deleted == 0
     assert gke.count("delete") == 0
+
+
+# --- one service graph per instance -----------------------------------------------------------------
+
+
+def test_one_instance_builds_its_services_once_and_every_orchestrator_shares_them(gke, kube):
+    # As a controller's main wires its reconcilers: one account of GKE's operation slots and request
+    # quota (two would each spend GKE_REQUESTS_PER_MINUTE), one backoff, fallback and releaser.
+    from shared.app import entry, handlers
+    from shared.provisioning.create.policies import WorkloadPolicies
+
+    runtime = entry.Runtime(SETTINGS)
+    runtime._cache.update({"gke": gke, "kube": kube, "service:policies": WorkloadPolicies(SETTINGS, None)})  # type: ignore[arg-type]
+    provision = handlers.provisioner(runtime)
+    check = handlers.admission_checker(runtime)
+    sweep = handlers.reconciler(runtime)
+    assert provision.slots is check.pools.slots is sweep.provisioner.slots
+    assert provision.backoff is check.backoff is sweep.backoff
+    assert provision.fallback is check.fallback is sweep.provisioner.fallback
+    assert provision.handover.releaser is check.pools.releaser is sweep.releaser is handlers.releaser(runtime)
+    assert provision.known_pools is sweep.provisioner.known_pools
+    # and each orchestrator itself once per instance
+    assert handlers.provisioner(runtime) is provision and handlers.admission_checker(runtime) is check

@@ -6,11 +6,15 @@ import pytest
 
 from sandbox.testing.clock import FakeClock
 from shared.cloud.retry import Budget
+from shared.core.errors import OperationLimitError
 from shared.core.settings import Settings
-from shared.provisioning.slots import Pace, RequestRate, after_round, start
+from shared.provisioning.create.slots import Pace, RequestRate, after_round, start
 
-TOO_MANY = 'Too many operations: cluster "c" hits the concurrent operations quota 12, please try again later.'
-INCOMPATIBLE = "Cluster is running incompatible operation operation-7."
+# GKE's answers as the adapter raises them (shared.cloud.errors): the 429 names its quota.
+TOO_MANY = OperationLimitError(
+    'Too many operations: cluster "c" hits the concurrent operations quota 12, please try again later.', 12
+)
+INCOMPATIBLE = OperationLimitError("Cluster is running incompatible operation operation-7.")
 WIDEST = 64
 
 
@@ -18,8 +22,8 @@ WIDEST = 64
     ("before", "accepted", "running", "refusal", "after"),
     [
         # Slow start: every create of the round accepted doubles the width.
-        (Pace(8), 8, 8, "", Pace(16)),
-        (Pace(32), 32, 63, "", Pace(WIDEST)),  # never wider than CREATE_CONCURRENCY_MAX
+        (Pace(8), 8, 8, None, Pace(16)),
+        (Pace(32), 32, 63, None, Pace(WIDEST)),  # never wider than CREATE_CONCURRENCY_MAX
         # GKE names its quota: that is the limit, and the width halves.
         (Pace(16), 4, 12, TOO_MANY, Pace(8, 12, fixed=True, growing=False)),
         # No number: GKE ran what was in flight when it refused, and no more (a learnt limit).
@@ -28,11 +32,11 @@ WIDEST = 64
         # A configured limit outlives a refusal that names no number.
         (Pace(8, 20, fixed=True), 3, 7, INCOMPATIBLE, Pace(4, 20, fixed=True, growing=False)),
         # After a refusal the width grows by one a round (additive increase).
-        (Pace(4, 9, growing=False), 4, 8, "", Pace(5, 9, growing=False)),
+        (Pace(4, 9, growing=False), 4, 8, None, Pace(5, 9, growing=False)),
         # The probe beyond a learnt limit was accepted: the limit grows to what GKE runs.
-        (Pace(4, 9, growing=False), 1, 10, "", Pace(5, 10, growing=False)),
+        (Pace(4, 9, growing=False), 1, 10, None, Pace(5, 10, growing=False)),
         # ... but a stated one is never moved by successes.
-        (Pace(4, 12, fixed=True, growing=False), 2, 12, "", Pace(5, 12, fixed=True, growing=False)),
+        (Pace(4, 12, fixed=True, growing=False), 2, 12, None, Pace(5, 12, fixed=True, growing=False)),
     ],
     ids=[
         "slow-start",
@@ -46,7 +50,9 @@ WIDEST = 64
         "stated-fixed",
     ],
 )
-def test_after_round(before: Pace, accepted: int, running: int, refusal: str, after: Pace) -> None:
+def test_after_round(
+    before: Pace, accepted: int, running: int, refusal: OperationLimitError | None, after: Pace
+) -> None:
     assert after_round(before, WIDEST, accepted, running, refusal) == after
 
 
@@ -65,7 +71,7 @@ def test_room(pace: Pace, running: int, room: int | None) -> None:
 
 
 def test_a_fresh_instance_starts_at_the_settings() -> None:
-    settings = Settings(project_id="p", location="us-east5-b", cluster_name="c")
+    settings = Settings(unlimited_spending=True, project_id="p", location="us-east5-b", cluster_name="c")
     assert start(settings) == Pace(8)
     configured = settings.with_overrides(gke_operation_limit=20, create_concurrency=100)
     assert start(configured) == Pace(64, 20, fixed=True)

@@ -11,7 +11,7 @@ import pytest
 
 from sandbox.jobsets import tpu_jobset
 from shared.core.errors import Refused
-from shared.provisioning.groups import Specs
+from shared.provisioning.create.groups import Specs
 from shared.tpu import capacity
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import expand_pods

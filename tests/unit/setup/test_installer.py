@@ -166,7 +166,9 @@ def test_a_controller_that_never_becomes_available_asks_for_redelivery(
 ) -> None:
     rig.set_schedulable(False)  # every Node cordoned: the controller pods stay Pending
     try:
-        installer = _installer(objects, Bounds(total=10.0, webhook_retry=5.0, poll=0.1))
+        # The budget must outlast applying the release on a starved machine (the run under test has
+        # to reach the wait); it is all spent waiting, so it is not larger than that needs.
+        installer = _installer(objects, Bounds(total=25.0, webhook_retry=5.0, poll=0.1))
         with pytest.raises(
             TransientError, match=r"waiting for Deployment jobset-system/jobset-controller-manager"
         ):
@@ -212,6 +214,29 @@ def test_an_unrecognisable_version_is_left_alone(fresh: KubeHandle, objects: Api
     report = _installer(objects).install()
     assert (report.result("jobset").action, report.result("jobset").found) == ("skipped-unknown", "main")
     assert _image(fresh, JOBSET_DEPLOYMENT) == "example.com/jobset:main"
+
+
+def test_a_newer_supported_release_is_kept_by_default(fresh: KubeHandle, objects: ApiClientObjects) -> None:
+    # xpk's JobSet v0.11.1, newer than the pinned v0.10.1 and in the supported range.
+    _preinstall(fresh, fixtures_kube.JOBSET_MANIFEST, "registry.k8s.io/jobset/jobset:v0.11.1")
+    fresh.clear_requests()
+    report = _installer(objects).install()
+    jobset = report.result("jobset")
+    assert (jobset.action, jobset.found, jobset.created) == ("skipped-newer", "v0.11.1", [])
+    assert "supported: tested" in report.summary()
+    # Nothing of JobSet's release written (Kueue's release names jobset in some of its objects).
+    assert fresh.count("PATCH", "jobset-system") == fresh.count("PATCH", "jobsets.jobset.x-k8s.io") == 0
+    assert _image(fresh, JOBSET_DEPLOYMENT) == "registry.k8s.io/jobset/jobset:v0.11.1"
+
+
+def test_addon_upgrade_pinned_replaces_a_newer_release(fresh: KubeHandle, objects: ApiClientObjects) -> None:
+    _preinstall(fresh, fixtures_kube.JOBSET_MANIFEST, "registry.k8s.io/jobset/jobset:v0.11.1")
+    settings = Settings(manifests_dir=str(MANIFESTS), addon_upgrade="pinned")
+    report = Installer(objects, settings, FAST).install()
+    jobset = report.result("jobset")
+    assert (jobset.action, jobset.found, jobset.available) == ("downgraded", "v0.11.1", True)
+    assert "downgraded from v0.11.1" in report.summary()
+    assert _image(fresh, JOBSET_DEPLOYMENT) == "registry.k8s.io/jobset/jobset:v0.10.1"
 
 
 @pytest.fixture
@@ -261,7 +286,9 @@ def test_the_installed_kueue_config_enables_jobset(
     fresh: KubeHandle, objects: ApiClientObjects, tmp_path: Path
 ) -> None:
     directory = test_manifests._manifest_dir(tmp_path, test_manifests._without_jobset)
-    report = _installer(objects, directory=directory).install()
+    # An edited release is applied only with its hash stated, as an operator would in KUEUE_SHA256.
+    settings = Settings(manifests_dir=str(directory), kueue_sha256=test_manifests._kueue_sha256(directory))
+    report = Installer(objects, settings, FAST).install()
     assert report.result("kueue").available
     config_map = fresh.get("v1", "configmaps", "kueue-system", "kueue-manager-config")
     assert config_map is not None
@@ -328,7 +355,8 @@ def test_report_summary_names_every_component() -> None:
     )
     assert report.summary() == (
         "jobset v0.10.1: installed (2 created, 0 configured, 0 unchanged); "
-        "kueue v0.20.0: left alone (skipped-newer, pinned v0.19.2)"
+        "kueue v0.20.0: left alone (skipped-newer, pinned v0.19.2; unsupported: newer than the range "
+        "v0.17-v0.19)"
     )
 
 

@@ -154,12 +154,16 @@ def _manager_config(docs: Any) -> dict[str, Any]:
     return parsed
 
 
+def _kueue_sha256(directory: Path, version: str = KUEUE_VERSION) -> str:
+    """What an operator states in KUEUE_SHA256 for an edited (or unpinned) Kueue file."""
+    return manifests.file_sha256(directory / f"kueue-{version}.yaml")
+
+
 @needs_manifests
 def test_missing_jobset_integration_is_added_and_rolls_the_pods(tmp_path: Path) -> None:
     stock = manifests.load_release(str(MANIFESTS), manifests.KUEUE, KUEUE_VERSION)
-    edited = manifests.load_release(
-        str(_manifest_dir(tmp_path, _without_jobset)), manifests.KUEUE, KUEUE_VERSION
-    )
+    directory = _manifest_dir(tmp_path, _without_jobset)
+    edited = manifests.load_release(str(directory), manifests.KUEUE, KUEUE_VERSION, _kueue_sha256(directory))
     frameworks = _manager_config(edited.documents)["integrations"]["frameworks"]
     assert frameworks[-1] == "jobset.x-k8s.io/jobset"
     assert frameworks[:-1] == [
@@ -196,9 +200,62 @@ def test_integrations_section_is_created_when_absent() -> None:
 def test_a_file_whose_image_does_not_match_its_name_is_refused(tmp_path: Path) -> None:
     directory = _manifest_dir(tmp_path, kueue_version="v0.19.3")
     with pytest.raises(InvalidInputError, match=r"deploys image tag 'v0.19.2', not v0.19.3"):
-        manifests.load_release(str(directory), manifests.KUEUE, "v0.19.3")
+        manifests.load_release(
+            str(directory), manifests.KUEUE, "v0.19.3", _kueue_sha256(directory, "v0.19.3")
+        )
 
 
 def test_a_missing_release_file_is_reported(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match=r"kueue-v0\.19\.2\.yaml is missing from the image"):
         manifests.load_release(str(tmp_path), manifests.KUEUE, KUEUE_VERSION)
+
+
+# ----------------------------------------------------------------------------- pinned hashes
+
+
+@needs_manifests
+def test_the_pinned_releases_match_their_pinned_sha256() -> None:
+    for component, version in ((manifests.JOBSET, JOBSET_VERSION), (manifests.KUEUE, KUEUE_VERSION)):
+        path = manifests.manifest_path(str(MANIFESTS), component, version)
+        assert manifests.file_sha256(path) == manifests.PINNED_SHA256[(component.name, version)]
+        assert manifests.load_release(str(MANIFESTS), component, version).version == version
+    # The settings' defaults are exactly the pinned releases.
+    assert set(manifests.PINNED_SHA256) == {("jobset", JOBSET_VERSION), ("kueue", KUEUE_VERSION)}
+
+
+@needs_manifests
+def test_a_file_that_differs_from_the_pinned_release_is_refused(tmp_path: Path) -> None:
+    directory = _manifest_dir(tmp_path, _without_jobset)
+    actual = _kueue_sha256(directory)
+    pinned = manifests.PINNED_SHA256[("kueue", KUEUE_VERSION)]
+    with pytest.raises(InvalidInputError) as refused:
+        manifests.load_release(str(directory), manifests.KUEUE, KUEUE_VERSION)
+    why = refused.value.why
+    assert f"sha256 {actual} does not match the expected {pinned}" in why
+    assert f"pinned for kueue {KUEUE_VERSION}" in why and "refusing to apply it" in why
+
+
+@needs_manifests
+def test_another_version_needs_its_sha256_stated(tmp_path: Path) -> None:
+    text = (MANIFESTS / f"kueue-{KUEUE_VERSION}.yaml").read_text().replace("kueue:v0.19.2", "kueue:v0.20.0")
+    (tmp_path / "kueue-v0.20.0.yaml").write_text(text)
+    actual = _kueue_sha256(tmp_path, "v0.20.0")
+    with pytest.raises(
+        InvalidInputError, match=rf"no sha256 is pinned for kueue v0.20.0: .* KUEUE_SHA256 .*{actual}"
+    ):
+        manifests.load_release(str(tmp_path), manifests.KUEUE, "v0.20.0")
+    with pytest.raises(InvalidInputError, match=rf"does not match the expected {'0' * 64} \(KUEUE_SHA256\)"):
+        manifests.load_release(str(tmp_path), manifests.KUEUE, "v0.20.0", "0" * 64)
+    release = manifests.load_release(str(tmp_path), manifests.KUEUE, "v0.20.0", actual)
+    assert release.version == "v0.20.0"
+
+
+def test_the_settings_carry_the_operators_hashes() -> None:
+    from shared.core.settings import Settings
+
+    assert (Settings().jobset_sha256, Settings().kueue_sha256) == ("", "")
+    settings = Settings.from_env({"KUEUE_SHA256": "a" * 64, "JOBSET_SHA256": "b" * 64})
+    assert (settings.kueue_sha256, settings.jobset_sha256) == ("a" * 64, "b" * 64)
+    with pytest.raises(InvalidInputError, match=r"KUEUE_SHA256=.* is not a sha256"):
+        Settings.from_env({"KUEUE_SHA256": "A" * 64})
+    assert manifests.sha256_setting(manifests.JOBSET) == "JOBSET_SHA256"

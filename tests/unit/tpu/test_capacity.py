@@ -14,7 +14,9 @@ from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_r
 from tests.unit.tpu.pods import pod_of
 
 A, B = "us-east5-a", "us-east5-b"
-SETTINGS = Settings(project_id="p", location="us-east5", cluster_name="c", node_locations=(B, A))
+SETTINGS = Settings(
+    unlimited_spending=True, project_id="p", location="us-east5", cluster_name="c", node_locations=(B, A)
+)
 
 
 @pytest.mark.parametrize(

@@ -130,6 +130,15 @@ def pool_built_from(spec: NodePoolSpec, **config: Any) -> NodePoolInfo:
             (),
             id="label-values-and-ownership",
         ),
+        # A pool whose nodes serve the Compute metadata to pods, where the product asks for GKE's.
+        pytest.param(
+            {"workload_metadata": "GCE_METADATA"},
+            {"workload_metadata": "GKE_METADATA"},
+            (Drift("WORKLOAD_METADATA", "GCE_METADATA", "GKE_METADATA"),),
+            id="workload-metadata",
+        ),
+        # GKE reported no mode for the pool: nothing to compare with.
+        pytest.param({}, {"workload_metadata": "GKE_METADATA"}, (), id="workload-metadata-unreported"),
         pytest.param(
             {},
             {"service_account": "", "disk_size_gb": 50},
@@ -153,6 +162,7 @@ def test_a_pool_whose_node_config_gke_did_not_report_never_drifts() -> None:
 
 def test_expected_spec_takes_the_settings_and_the_machine_family_default_disk() -> None:
     settings = Settings(
+        unlimited_spending=True,
         project_id="p",
         location="us-east5-b",
         cluster_name="c",
@@ -163,6 +173,8 @@ def test_expected_spec_takes_the_settings_and_the_machine_family_default_disk() 
     pool = pool_built_from(BUILT)
     spec = expected_spec(settings, pool)
     assert (spec.name, spec.labels, spec.disk_type) == (pool.name, pool.labels, "pd-balanced")
+    # Every pool the settings build runs GKE's metadata server (slices.settings_node_fields).
+    assert spec.workload_metadata == "GKE_METADATA"
     assert summary(drift(pool, spec)) == (
         "NODE_SERVICE_ACCOUNT: old@p.iam.gserviceaccount.com -> new@p.iam.gserviceaccount.com; "
         "DISK_SIZE_GB: 100 -> 300"

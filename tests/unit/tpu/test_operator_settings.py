@@ -12,7 +12,13 @@ from shared.tpu import capacity
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.slices import build_node_pool, slice_options, slice_request
 
-BASE = {"PROJECT_ID": "p", "LOCATION": "us-east5-b", "CLUSTER_NAME": "c"}
+BASE = {
+    "PROJECT_ID": "p",
+    "LOCATION": "us-east5-b",
+    "CLUSTER_NAME": "c",
+    "NODE_LABEL_KEYS": "team",
+    "UNLIMITED_SPENDING": "true",
+}
 
 
 def settings(**env: str) -> Settings:

@@ -13,7 +13,12 @@ from shared.tpu.selectors import GKE, PRODUCT, REFUSED, Fate
 from shared.tpu.slices import build_node_pool, slice_request
 
 SETTINGS = Settings(
-    project_id="p", location="us-east5", cluster_name="c", node_locations=("us-east5-b", "us-east5-c")
+    unlimited_spending=True,
+    project_id="p",
+    location="us-east5",
+    cluster_name="c",
+    node_locations=("us-east5-b", "us-east5-c"),
+    node_label_keys=("team", "example.com/", "google.com/"),
 )
 GKE_TEXT = 'Node labels with key "{}" are managed by GKE or Kubernetes and must not be manually specified.'
 NOT_SET = "GKE sets no such label on the nodes of a pool the product builds, and refuses it as a node label"
@@ -319,3 +324,74 @@ def test_predicted_node_labels_are_the_registered_nodes_labels(extra):
         found = dict(node["metadata"]["labels"])
         found.pop("kubernetes.io/hostname")
         assert found == selectors.spec_node_labels(spec, shape.topology)
+
+
+# --- Topology keys a pod requires of its nodes (exclusive placement, required pod affinity).
+
+TPU7X = {"accelerator": "tpu7x", "topology": "4x4x4", "chips_per_vm": 4}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "affinity_key", "refused"),
+    [
+        pytest.param({labels.EXCLUSIVE_TOPOLOGY: labels.NODEPOOL}, None, "", id="exclusive-per-pool"),
+        pytest.param({labels.EXCLUSIVE_TOPOLOGY: labels.HOSTNAME}, None, "", id="exclusive-per-host"),
+        pytest.param({labels.EXCLUSIVE_TOPOLOGY: labels.ZONE}, None, "", id="exclusive-per-zone"),
+        pytest.param(
+            {labels.EXCLUSIVE_TOPOLOGY: labels.TPU_SLICE},
+            None,
+            "only GKE's slice controller",
+            id="gke-tpu-slice",
+        ),
+        pytest.param(
+            {labels.EXCLUSIVE_TOPOLOGY: "example.com/rack"}, None, "example.com/rack", id="unknown-key"
+        ),
+        pytest.param(
+            {labels.EXCLUSIVE_TOPOLOGY: labels.TPU_SLICE, labels.NODE_SELECTOR_STRATEGY: "true"},
+            None,
+            "",
+            id="node-selector-strategy-adds-no-affinity",
+        ),
+        pytest.param({}, labels.TPU_SLICE, "only GKE's slice controller", id="users-own-affinity-term"),
+        pytest.param({}, labels.NODEPOOL, "", id="users-affinity-on-the-pool"),
+    ],
+)
+def test_a_pool_is_built_only_when_its_nodes_carry_every_topology_key_the_pods_require(
+    annotations, affinity_key, refused
+):
+    jobset = tpu_jobset("train", "team-a", uid="u-1", annotations=annotations, **TPU7X)
+    if affinity_key:
+        pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        term = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": affinity_key}
+        pod_spec["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    request = slice_request(expand_pods(jobset)[0])
+    if not refused:
+        build_node_pool(SETTINGS, request)
+        return
+    with pytest.raises(Refused, match=refused):
+        build_node_pool(SETTINGS, request)
+
+
+def test_a_replicated_jobs_own_exclusive_topology_overrides_the_jobsets():
+    # The JobSet controller copies the JobSet's annotation, then the replicated job template's, onto
+    # each Job and its pods (JobSet v0.10.1 labelAndAnnotateObjects).
+    jobset = tpu_jobset(
+        "train", "team-a", uid="u-1", annotations={labels.EXCLUSIVE_TOPOLOGY: labels.TPU_SLICE}, **TPU7X
+    )
+    template = jobset["spec"]["replicatedJobs"][0]["template"]
+    template.setdefault("metadata", {})["annotations"] = {labels.EXCLUSIVE_TOPOLOGY: labels.NODEPOOL}
+    pod = expand_pods(jobset)[0]
+    assert pod["metadata"]["annotations"][labels.EXCLUSIVE_TOPOLOGY] == labels.NODEPOOL
+    build_node_pool(SETTINGS, slice_request(pod))
+
+
+def test_the_jobset_template_is_refused_as_its_pods_are():
+    # The admission check and reconcile derive slices from the template (declared_request).
+    from shared.tpu.declared import declared_request
+
+    jobset = tpu_jobset(
+        "train", "team-a", uid="u-1", annotations={labels.EXCLUSIVE_TOPOLOGY: labels.TPU_SLICE}, **TPU7X
+    )
+    request = declared_request(jobset, "slice", 0)
+    with pytest.raises(Refused, match="only GKE's slice controller"):
+        build_node_pool(SETTINGS, request)

@@ -16,6 +16,7 @@ from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
 from tests.unit.tpu.pods import UID, pod_of
 
 SETTINGS = Settings(
+    unlimited_spending=True,
     project_id="p",
     location="us-east5-b",
     cluster_name="c",
@@ -23,6 +24,7 @@ SETTINGS = Settings(
     network_tags=("tpu",),
     max_pods_per_node=32,
     tpu7x_workload_policy="tpu7x-{topology}",
+    node_label_keys=("team", "example.com/", "google.com/"),
 )
 
 
@@ -39,6 +41,7 @@ def owner(index=0, rjob="slice"):
 
 RESOURCE_LABELS = {
     labels.RESOURCE_LABEL_MANAGED_BY: labels.MANAGED_BY_VALUE,
+    labels.RESOURCE_LABEL_NAMESPACE: "team-a",
     labels.RESOURCE_LABEL_JOBSET: "train",
 }
 COMMON = {
@@ -48,6 +51,7 @@ COMMON = {
     "oauth_scopes": ("https://www.googleapis.com/auth/cloud-platform",),
     "max_pods_per_node": 32,
     "tags": ("tpu",),
+    "workload_metadata": "GKE_METADATA",  # tenant pods get GKE's metadata server, not the node's token
 }
 
 
@@ -253,7 +257,9 @@ NOT_ELIGIBLE = [
     ),
     pytest.param(lambda p: p["spec"]["containers"][0].update(resources={}), "no google.com/tpu", id="no-tpu"),
     pytest.param(
-        _set(("spec", "nodeSelector", labels.NODEPOOL), "tpu-x-0-abc"), "follower", id="follower-pinned"
+        _set(("spec", "nodeSelector", labels.NODEPOOL), "tpu-x-0-abc"),
+        "pinned to node pool .tpu-x-0-abc.*nothing to create",
+        id="follower-pinned",
     ),
 ]
 

@@ -85,8 +85,9 @@ def assert_never_provisioned_twice(watch: PoolWatch, stack: RealStack) -> None:
     handed_over = {p for d in adoptions for p in _POOL.findall(str(d.get("message")))}
     for sample in watch.crowded:
         for key, crowd in sample.items():
-            _, jobset, _, rjob, index = key.split("/")
-            own = [p for p in crowd if p.startswith(f"tpu-{jobset}-{rjob}-{index}-")]
+            # The pool made for this slice is the one whose first owner labels were the slice's (a
+            # pool is created with them); its name cannot tell, since long JobSet names are cut.
+            own = [p for p in crowd if watch.owners.get(p, [()])[0] == tuple(key.split("/"))]
             assert len(own) <= 1 and set(crowd) - set(own) <= handed_over, (sample, handed_over)
 
 
@@ -131,37 +132,52 @@ class PodPlaces:
 # -- occupancy (from test_occupancy_flow.py) ------------------------------------------------------
 
 
+def hold_queue(stack: RealStack, queue: str, policy: str) -> None:
+    """Set LocalQueue ``default/queue``'s ``spec.stopPolicy`` and wait until Kueue reports it
+    (its ``Active`` condition False under a hold, True without one)."""
+    path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/default/localqueues/{queue}"
+    api = stack.kube_cluster.client()
+    api.patch(path, {"spec": {"stopPolicy": policy}})
+    active = "True" if policy == "None" else "False"
+
+    def reported() -> bool:
+        conditions = ((api.get(path) or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Active" and c.get("status") == active for c in conditions)
+
+    stack.wait_for(reported, 30, f"LocalQueue {queue} to be {'active' if active == 'True' else 'held'}")
+
+
 def test_an_idle_spot_pool_is_held_for_a_waiting_jobset_whose_capacity_policy_allows_spot(
     stack: RealStack,
 ) -> None:
-    """Ported from tests/sandbox/test_occupancy_flow.py. The waiting JobSet is suspended as a user
-    suspends one (``spec.suspend``) and resumed by a patch; the real JobSet controller then creates
-    its Jobs and the real scheduler binds the pods to the held pools."""
+    """Ported from tests/sandbox/test_occupancy_flow.py. The second JobSet waits in Kueue (only a
+    JobSet queued there is demand, shared.provisioning.release.occupancy.demand): its LocalQueue is
+    held (``spec.stopPolicy: Hold``, which lets admitted Workloads finish) until the first JobSet's
+    pools are held for it, then released as an admin would; the real Kueue admits it, the real
+    JobSet controller creates its Jobs and the real scheduler binds the pods to the held pools."""
     policy = {labels.CAPACITY_POLICY: "spot, on-demand"}
     first = v5e("spot-a", 2, run_seconds=8, queue="reuse")  # long enough to be seen running
     first["metadata"]["annotations"].update(policy)
-    second = v5e("spot-b", 2, run_seconds=5)
+    second = v5e("spot-b", 2, run_seconds=5, queue="reuse")
     second["metadata"]["annotations"].update(policy)
-    second["spec"]["suspend"] = True  # waiting (as a Kueue-queued JobSet waits), not yet admitted
-    api = stack.kube_cluster.client()
     with PoolWatch(stack) as watch:
         submit(stack, first)
         stack.wait_for(lambda: running_pods(stack, "spot-a", 4), FINISH, "the first JobSet to run")
         first_pools = sorted(p["name"] for p in owned_pools(stack, "spot-a"))
         assert len(first_pools) == 2
         assert all(p["config"].get("spot") for p in owned_pools(stack, "spot-a"))
-        submit(stack, second)
-
-        assert wait_finished(stack, "spot-a", FINISH) == "Completed"
-        stack.wait_for(
-            lambda: {d.get("pool") for d in stack.decisions("release.offered")} >= set(first_pools),
-            60,
-            "the idle Spot pools to be held for the waiting JobSet",
-        )
-        api.patch(
-            f"/apis/{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}/namespaces/default/jobsets/spot-b",
-            {"spec": {"suspend": False}},
-        )
+        hold_queue(stack, "reuse", "Hold")
+        try:
+            submit(stack, second)
+            assert wait_finished(stack, "spot-a", FINISH) == "Completed"
+            stack.wait_for(
+                lambda: {d.get("pool") for d in stack.decisions("release.offered")} >= set(first_pools),
+                60,
+                "the idle Spot pools to be held for the waiting JobSet",
+            )
+            assert not admitted(stack, "spot-b")  # still waiting: the pools were held, not taken
+        finally:
+            hold_queue(stack, "reuse", "None")
         stack.wait_for(lambda: running_pods(stack, "spot-b", 4), FINISH, "the second JobSet to run")
         # The pods bound to the held pools without a pending event: the sweep records the new owner.
         stack.trigger_reconcile()
@@ -317,7 +333,7 @@ def test_every_pool_is_deleted_by_the_release_of_the_jobset_that_ran_on_it_last(
     used: dict[str, set[str]] = {name: set() for name in names}
     for pool in ran:
         used[last_user[pool]].add(pool)
-        used.update({n: used[n] | {pool} for n in names if pool.startswith(f"tpu-{n}-")})
+        used.update({n: used[n] | {pool} for n in names if watch.carried_by(pool)[:1] == [n]})
 
     def described() -> dict[str, set[str]]:
         return {name: used[name] - _pools_named(stack, name) for name in names}

@@ -37,6 +37,7 @@ from sandbox.testing.stack import (
     wait_released,
 )
 from shared.core import labels
+from shared.core.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("timeline_on_failure")]
 
@@ -176,6 +177,7 @@ def test_terminal_event_before_the_last_pending_event(stack: RealStack) -> None:
     message = stack.publish_entry("provision", last_pending)
     stack.wait_for(lambda: _acked(stack, message), 60, "the late pending event to be acked")
     stack.wait_for(lambda: skipped("Succeeded"), 30, "the late pending event to be skipped")
+    decided = time.monotonic()
 
     # Once the JobSet is deleted (its audit entry routed too) and its pods collected: still nothing.
     assert stack.delete_jobset("default", "tardy")
@@ -185,6 +187,11 @@ def test_terminal_event_before_the_last_pending_event(stack: RealStack) -> None:
         "the deletion's audit entry to reach release",
     )
     stack.wait_for(lambda: not _pods(stack, "tardy"), 120, "the garbage collector to delete tardy's pods")
+    # The function answers the same pod's events from its last decision for a few seconds
+    # (shared.app.coalesce); this delivery must be decided afresh, on the pod now gone.
+    configured = dict(stack.config.function_env).get("EVENT_COALESCE_SECONDS")
+    window = float(configured or Settings.event_coalesce_seconds)
+    stack.wait_for(lambda: time.monotonic() - decided > window, window + 1, "the coalescing window to pass")
     message = stack.publish_entry("provision", last_pending)
     stack.wait_for(lambda: _acked(stack, message), 60, "the late pending event to be acked")
     stack.wait_for(lambda: skipped("no longer exists"), 30, "the late pending event to be skipped")

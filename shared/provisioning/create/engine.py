@@ -1,0 +1,178 @@
+"""The one route from a group of slices to their GKE creates, shared by every path that buys.
+
+Provision (a pending pod's replicated job), the Kueue admission check (a Workload's slices) and the
+reconcile sweep (through provision) all buy pools the same way, here:
+
+1. ``charge``: each create is charged to the budget its namespace spends under (``CHIP_BUDGET`` over
+   all pools, the namespace's ``TENANTS`` entry), reserved before anything is sent so that the
+   creates of one delivery cannot overshoot together; what a budget cannot pay for is refused;
+2. ``send``: as many as GKE has free operation slots for (the rest wait for a finished operation),
+   in rounds through the instance's one account of slots and request quota (``Slots``), each after
+   the tpu7x workload policy it names exists;
+3. GKE's answers sorted once: accepted, already there (409), refused for capacity (quota, a missing
+   or full reservation: the slice's attempt is recorded and falls back or backs off, ``Fallback``),
+   rejected for good (4xx), or transient (redelivery);
+4. one ``TPUSliceRequested`` Event naming every pool accepted and the budget charged, on the JobSet
+   (and on whatever else asked, e.g. the pod).
+
+Each orchestrator maps the ``Sent`` record onto its own answer (provision's outcomes, the check's
+state); none of them sends a create any other way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.cloud.retry import Budget
+from shared.core import labels
+from shared.core.errors import AlreadyExistsError, CapacityUnavailableError, RejectedError, TransientError
+from shared.core.settings import Settings
+from shared.provisioning.create import backoff, slots
+from shared.provisioning.create.fallback import Fallback
+from shared.provisioning.create.groups import Create
+from shared.provisioning.create.policies import WorkloadPolicies
+from shared.provisioning.create.slots import Slots
+from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budget
+from shared.provisioning.tenancy.spending import Spending
+from shared.tpu import catalog
+from shared.tpu.jobsets import JobSet, jobset_ref
+from shared.tpu.nodepools import NodePoolInfo
+
+
+def _chips(item: Create) -> int:
+    return (catalog.machine_type_chips(item.spec.machine_type) or 0) * item.spec.node_count
+
+
+@dataclasses.dataclass(frozen=True)
+class Charged:
+    """What a group's budgets allow: the creates that may be sent, those refused with why, and the
+    budget the allowed ones are charged to (for the Event)."""
+
+    allowed: list[Create]
+    refused: list[tuple[Create, str]]
+    account: str
+
+
+@dataclasses.dataclass
+class Sent:
+    """What sending a group did, each create once."""
+
+    created: list[Create] = dataclasses.field(default_factory=list)
+    exists: list[Create] = dataclasses.field(default_factory=list)  # GKE answered 409
+    # Refused for this attempt's capacity (quota, reservation): the failure as recorded on the JobSet.
+    capacity: list[tuple[Create, backoff.Failure, str]] = dataclasses.field(default_factory=list)
+    rejected: list[tuple[Create, RejectedError]] = dataclasses.field(default_factory=list)
+    transient: list[tuple[Create, TransientError]] = dataclasses.field(default_factory=list)
+    waiting: list[Create] = dataclasses.field(default_factory=list)  # no free operation slot
+    unsent: list[Create] = dataclasses.field(default_factory=list)  # stopped (deadline, GKE's refusal)
+    stopped: str = ""
+    slot_limit: int | None = None  # GKE's operation limit as the instance knows it
+    busy: int = 0  # operations GKE ran by the listing
+
+
+class SliceGroupEngine:
+    """Charges, sends and sorts the creates of one group of slices (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        slots_account: Slots,
+        fallback: Fallback,
+        spending: Spending,
+        policies: WorkloadPolicies | None,
+    ) -> None:
+        """The instance's collaborators (``shared.provisioning.services`` builds one engine with them):
+        its one slot and quota account, its capacity fallback, its budgets and its tpu7x policies."""
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.slots = slots_account
+        self.fallback = fallback
+        self.spending = spending
+        self.policies = policies
+
+    def charge(self, namespace: str, items: Sequence[Create], pools: list[NodePoolInfo]) -> Charged:
+        """The creates ``namespace`` may pay for now, each reserved against its budgets in order."""
+        spending = self.spending
+        in_use = managed_chips(pools) if self.settings.chip_budget else 0
+        pending: dict[str, int] = {}  # chips granted in this group per TENANTS entry
+        allowed: list[Create] = []
+        refused: list[tuple[Create, str]] = []
+        account = ""
+        entry = spending.entry(namespace) if self.settings.tenant_entries else None
+        for item in items:
+            chips = _chips(item)
+            over = over_chip_budget(self.settings, in_use, chips)
+            refusal, charged = spending.refusal(namespace, chips, item.spec.reservation, pools, pending)
+            if over or refusal:
+                refused.append((item, over or refusal))
+                continue
+            in_use += chips  # reserved before sending, so the group's creates cannot overshoot
+            if entry is not None:
+                pending[entry.key] = pending.get(entry.key, 0) + chips
+            account = charged
+            allowed.append(item)
+        return Charged(allowed, refused, account)
+
+    def send(
+        self,
+        jobset: JobSet,
+        items: Sequence[Create],
+        pools: list[NodePoolInfo],
+        budget: Budget,
+        account: str,
+        also_tell: Sequence[Mapping[str, Any]] = (),
+        purpose: str = "",
+    ) -> Sent:
+        """Send ``items`` (already charged to ``account``) for ``jobset``'s slices; ``also_tell``:
+        objects besides the JobSet whose Event stream names the pools requested; ``purpose`` ends the
+        Event's sentence (e.g. "for its Workload's admission check")."""
+        slots_account, policies, fallback = self.slots, self.policies, self.fallback
+        sent = Sent(slot_limit=slots_account.operation_limit, busy=slots.busy(pools))
+        queue = list(items)
+        free = slots_account.free(pools)
+        if free is not None and free < len(queue):
+            # No point asking GKE for more operations than it runs at once: the rest waits for a
+            # finished operation (its audit entry resumes them) instead of collecting 429s.
+            queue, sent.waiting = queue[:free], queue[free:]
+
+        def create(item: Create) -> None:
+            if policies is not None:  # GKE needs the pool's workload policy to exist first
+                policies.ensure_for(item.spec, item.why)
+            self.gke.create_node_pool(self.settings.cluster_path, item.spec, item.why)
+
+        result = slots_account.send_all(queue, create, budget, sent.busy)
+        for item, error in result.sent:
+            if isinstance(error, CapacityUnavailableError):  # this attempt's capacity: fall back or back off
+                failure = fallback.refused(item.request, jobset, item.spec, error.why)
+                sent.capacity.append((item, failure, error.why))
+            elif error is None:
+                sent.created.append(item)
+            elif isinstance(error, AlreadyExistsError):
+                sent.exists.append(item)
+            elif isinstance(error, TransientError):
+                sent.transient.append((item, error))
+            elif isinstance(error, RejectedError):
+                sent.rejected.append((item, error))
+            else:
+                raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
+        sent.unsent, sent.stopped = list(result.unsent), result.stopped
+        if sent.created:
+            # One Event per group (or per part of it a delivery got through), naming every pool.
+            names = ", ".join(i.spec.name for i in sent.created)
+            rjobs = ", ".join(dict.fromkeys(i.request.slice_id.replicated_job for i in sent.created))
+            why = f" {purpose}" if purpose else ""
+            message = f"requested node pools {names} for {rjobs}{why}, charged to {account}"
+            sid = sent.created[0].request.slice_id
+            self.kube.record_event(jobset_ref(jobset, sid), labels.REASON_REQUESTED, message)
+            for involved in also_tell:
+                self.kube.record_event(dict(involved), labels.REASON_REQUESTED, message)
+        return sent
+
+
+__all__ = ["Charged", "Sent", "SliceGroupEngine"]

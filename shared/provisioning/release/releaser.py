@@ -1,0 +1,542 @@
+"""The release service: give up a JobSet's TPU pools once the JobSet is really over.
+
+An event only nominates pools; the Kubernetes API decides. The owner's side (``judge``) says a
+pool may go when its owning JobSet is gone, terminal (Completed/Failed), suspended past the grace,
+or replaced by a new JobSet of the same name (uid mismatch). Then ``Releaser.dispose`` - the one
+path every release goes through (release, reconcile, suspend grace, ERROR recycling) - checks who
+actually runs on the pool: a pool is never deleted while a non-terminal pod of a live JobSet is
+bound to one of its nodes. Its nodes are cordoned before the last check so nothing binds between
+the check and the delete; an occupied pool is adopted by its occupant (ownership labels updated
+through GKE, so that JobSet's end releases it) or kept, and an idle pool a waiting JobSet of the
+same shape needs is kept for ``IDLE_POOL_SECONDS`` (see ``shared.provisioning.release.occupancy``).
+
+A JobSet's release also looks for pools its pods ran on that are still labelled for their former
+owner (kept idle for it, and nobody saw it run there): it adopts them first, so each pool is deleted
+by the release of the JobSet that ran on it last and that JobSet's Events name it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from shared.cloud.ports import KubeAPI, NodePoolAPI
+from shared.core import labels, logs
+from shared.core.errors import NotFoundError, RejectedError, TransientError
+from shared.core.settings import Settings
+from shared.provisioning.release import occupancy
+from shared.provisioning.release.guard import MANAGED_NODES, PoolGuard
+from shared.provisioning.release.occupancy import Verdict
+from shared.provisioning.release.verdicts import idle_seconds, judge, workload_hold
+from shared.provisioning.tenancy import spending
+from shared.provisioning.tenancy.ownership import Owners, PodChains
+from shared.provisioning.tenancy.spending import Spending
+from shared.tpu import catalog
+from shared.tpu.jobsets import JobSet, is_suspended, jobset_ref
+from shared.tpu.nodepools import STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo, Reservation
+from shared.tpu.nodes import Node
+from shared.tpu.workloads import WorkloadView, parse_workload
+
+log = logs.get("release")
+
+__all__ = ["JobSets", "Outcome", "Releaser", "Verdict", "idle_seconds", "is_managed", "judge", "owned_by"]
+
+JobSets = dict[tuple[str, str], JobSet | None]
+
+
+def is_managed(pool: NodePoolInfo) -> bool:
+    """True only for pools the product created (carrying its managed-by marker)."""
+    return pool.managed
+
+
+def owned_by(pool: NodePoolInfo, namespace: str, name: str, uid: str = "") -> bool:
+    """True if a managed pool belongs to JobSet ``namespace/name`` (any in the namespace if no name)."""
+    if not is_managed(pool) or pool.owner.namespace != namespace:
+        return False
+    if name and pool.owner.name != name:
+        return False
+    return not uid or pool.owner.uid == uid
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one ``dispose`` did."""
+
+    deleted: list[NodePoolInfo] = dataclasses.field(default_factory=list)
+    adopted: list[tuple[NodePoolInfo, occupancy.Occupant]] = dataclasses.field(default_factory=list)
+    kept: list[tuple[NodePoolInfo, str]] = dataclasses.field(default_factory=list)
+    offered: list[NodePoolInfo] = dataclasses.field(default_factory=list)
+    retry: list[str] = dataclasses.field(default_factory=list)
+
+
+class Holds:
+    """Why a suspended JobSet's pools are kept for its Kueue Workload (``verdicts.workload_hold``),
+    from the Workloads as Kueue writes them: one list per namespace, reused for ``ttl`` seconds (a
+    delivery judges many pools of the same namespace)."""
+
+    def __init__(
+        self, settings: Settings, kube: KubeAPI, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.ttl = ttl
+        self.clock = clock
+        self._listed: dict[str, tuple[float, list[WorkloadView]]] = {}
+
+    def _workloads(self, namespace: str) -> list[WorkloadView]:
+        cached = self._listed.get(namespace)
+        if cached is not None and self.clock() - cached[0] < self.ttl:
+            return cached[1]
+        try:
+            found = [parse_workload(w) for w in self.kube.list_workloads(namespace)]
+        except NotFoundError:
+            found = []  # Kueue is not installed: no Workload holds anything
+        if len(self._listed) > 256:
+            self._listed.clear()
+        self._listed[namespace] = (self.clock(), found)
+        return found
+
+    def of(self, jobset: JobSet | None, now: datetime.datetime) -> str:
+        """Why ``jobset`` (suspended) keeps its pools for its Workload, "" when it does not."""
+        if jobset is None or not is_suspended(jobset):
+            return ""
+        meta = jobset.meta
+        # Kueue makes the Workload with a controller reference to the JobSet (its uid).
+        mine = [
+            w for w in self._workloads(meta.namespace) if w.owner_kind == "JobSet" and w.owner_uid == meta.uid
+        ]
+        for workload in mine:
+            hold = workload_hold(workload, self.settings.admission_check_name, self.settings, now)
+            if hold:
+                return hold
+        return ""
+
+
+class Releaser:
+    """Releases the pools of finished or vanished JobSets, never one a live JobSet runs on."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gke: NodePoolAPI,
+        kube: KubeAPI,
+        sleep: Callable[[float], None] = time.sleep,
+        forget: Callable[[str], None] | None = None,
+    ) -> None:
+        """``forget(pool)`` is told about every pool deleted (an instance-local cache may hold it)."""
+        self.settings = settings
+        self.gke = gke
+        self.kube = kube
+        self.guard = PoolGuard(kube, settings.cordon_settle_seconds, sleep)
+        self.forget = forget or (lambda name: None)
+        self.owners = Owners(settings, kube)
+        self.holds = Holds(settings, kube)
+        self.spending = Spending(settings, kube)
+        # This delivery's facts for its Events, by pool: pods that name a JobSet but prove none (from
+        # the last look at the pool), and why a deleted pool went.
+        self._pretending: dict[str, list[str]] = {}
+        self._deleted_why: dict[str, str] = {}
+        self._listing: list[NodePoolInfo] = []
+
+    def may_own(self, pool: NodePoolInfo, taker: occupancy.Occupant) -> str:
+        """Why JobSet ``taker`` may not become ``pool``'s owner ("" when it may): the guardrails of its
+        namespace and its budget apply to taking a pool as they do to buying one."""
+        namespace = taker.namespace
+        if self.settings.namespace_allowlist and namespace not in self.settings.namespace_allowlist:
+            return f"namespace {namespace!r} is not in NAMESPACE_ALLOWLIST"
+        accelerator = catalog.accelerator_for_machine_type(pool.machine_type)
+        if self.settings.allowed_accelerators and accelerator not in self.settings.allowed_accelerators:
+            return f"accelerator {accelerator!r} is not in ALLOWED_ACCELERATORS"
+        if not self.settings.spending_stated:
+            return ""  # taking a pool buys nothing; creates are what an unstated limit stops
+        if pool.owner.namespace == namespace and not self.settings.tenant_entries:
+            return ""  # the same namespace's pool changes hands: nothing more is spent
+        reservation = Reservation(*_reservation_parts(pool.reservation)) if pool.reservation else None
+        refusal, _ = self.spending.refusal(
+            namespace, spending.pool_chips(pool), reservation, self._listing or [pool], exclude=pool.name
+        )
+        return refusal
+
+    def judge(self, pool: NodePoolInfo, jobset: JobSet | None, now: datetime.datetime) -> Verdict:
+        """The owner's verdict on ``pool``, a suspended owner's Kueue Workload consulted."""
+        return judge(pool, jobset, self.settings, now, self.holds.of(jobset, now))
+
+    def release(self, namespace: str, name: str, uid: str, trigger: str, deleted: bool = False) -> list[str]:
+        """Release the pools of JobSet ``namespace/name`` (all JobSets in ``namespace`` if ``name`` is "");
+        ``deleted``: the trigger is the JobSet's deletion (then the pools held idle are judged too).
+
+        Returns the pools deleted. Raises TransientError after attempting every pool if any delete
+        must be retried, so one stuck pool does not hold the others back.
+        """
+        # The event's uid (when it has one) narrows the nomination to that JobSet's pools; the API
+        # check below still decides whether each may go.
+        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        pools = [p for p in listing if owned_by(p, namespace, name, uid)]
+        jobsets: JobSets = {}
+        ran_on = self._ran_on(namespace, name, uid, listing, pools, jobsets) if name else {}
+        # The pools kept idle for a waiting JobSet of their shape: a queued JobSet leaves the queue
+        # without running only by its deletion, which may take what they wait for, so they are judged
+        # again now rather than at the window's end. Not on a JobSet's end: the next queued one may
+        # have just been admitted, its pods not yet bound, and a cordon then would make them pend.
+        held: set[str] = set()
+        if deleted:
+            held = {p.name for p in listing if _held_idle(p)} - {p.name for p in pools} - set(ran_on)
+        if not pools and not ran_on and not held:
+            logs.decision(
+                log,
+                "release.nothing",
+                f"{trigger}: no managed pools for {namespace}/{name or '*'}",
+                jobset=f"{namespace}/{name}",
+            )
+            return []
+        for user in ran_on.values():  # its Events go on it; its finished pods keep it out of occupancy
+            self._jobset(jobsets, user.namespace, user.name)
+        pools += [p for p in listing if p.name in ran_on or p.name in held]
+        for pool in pools:
+            self._jobset(jobsets, *pool.owner.key)
+        now = datetime.datetime.now(tz=datetime.UTC)
+        verdicts = [(p, self.judge(p, jobsets[p.owner.key], now)) for p in pools]
+        # Another JobSet's pool whose owner still needs it is none of this release's business.
+        verdicts = [(p, v) for p, v in verdicts if v.delete or (p.name not in ran_on and p.name not in held)]
+        outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        return [p.name for p in outcome.deleted]
+
+    def _ran_on(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        listing: list[NodePoolInfo],
+        own: list[NodePoolInfo],
+        jobsets: JobSets,
+    ) -> dict[str, occupancy.Occupant]:
+        """Managed pools labelled for another JobSet that this JobSet's pods ran on (two reads and
+        one per Job of those pods, none when the listing has no such pool)."""
+        mine = {p.name for p in own}
+        others = {p.name for p in listing if is_managed(p) and p.status != STATUS_STOPPING} - mine
+        if not others:
+            return {}
+        pods = self.kube.list_pods(namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
+        if not any((pod.get("spec") or {}).get("nodeName") for pod in pods):
+            return {}
+        nodes = self.kube.list_nodes(MANAGED_NODES)
+        pool_of = {n.name: n.pool for n in nodes}
+        # Only pods bound to another JobSet's pool need proving their JobSet's own.
+        candidates = [
+            p for p in pods if pool_of.get(str((p.get("spec") or {}).get("nodeName") or "")) in others
+        ]
+        chains = PodChains(self.owners, jobsets).of(candidates)
+        ran = occupancy.last_runs(nodes, candidates, chains, namespace, name, uid)
+        return {pool: user for pool, user in ran.items() if pool in others}
+
+    def recycle(self, jobset: JobSet, pool: NodePoolInfo, why: str, trigger: str) -> bool:
+        """Delete one failed pool of ``jobset`` under the occupancy rule (capacity fallback and the
+        admission check recycle a pool GKE could not provision this way); whether it was deleted,
+        TransientError when the delete must be retried."""
+        meta = jobset.meta
+        outcome = self.dispose(
+            [(pool, Verdict(True, why))], trigger, {(meta.namespace, meta.name): jobset}, [pool]
+        )
+        if outcome.retry:
+            raise TransientError("; ".join(outcome.retry))
+        return bool(outcome.deleted)
+
+    def dispose(
+        self,
+        verdicts: Iterable[tuple[NodePoolInfo, Verdict]],
+        trigger: str,
+        jobsets: JobSets,
+        listing: list[NodePoolInfo],
+        all_jobsets: list[JobSet] | None = None,
+        last_users: Mapping[str, occupancy.Occupant] | None = None,
+        adopt_only: bool = False,
+    ) -> Outcome:
+        """Carry out each owner verdict under the occupancy rule; the only path to a pool delete.
+
+        ``jobsets`` caches JobSets by (namespace, name) (None = gone) and is filled as needed;
+        ``all_jobsets`` (reconcile has it) saves the listing the handover-demand check needs;
+        ``last_users`` names, by pool, the released JobSet whose finished pods ran there last (with
+        nobody live on the pool, that JobSet takes it over and its own verdict decides);
+        ``adopt_only`` (provision) carries out adoptions and leaves every other decision to release.
+        Transient failures are collected in ``Outcome.retry`` after every pool was attempted.
+        """
+        last_users = last_users or {}
+        self._listing = listing
+        self._pretending, self._deleted_why = {}, {}  # this delivery's, for its Events
+        outcome = Outcome()
+        now = datetime.datetime.now(tz=datetime.UTC)
+        waiting: list[occupancy.Demand] | None = None
+        for pool, verdict in verdicts:
+            fields = {"pool": pool.name, "jobset": pool.owner.describe()}
+            if not verdict.delete:
+                logs.decision(log, "release.kept", f"kept {pool.name}: {verdict.why}", **fields)
+                outcome.kept.append((pool, verdict.why))
+                continue
+            if pool.status == STATUS_STOPPING:
+                logs.decision(log, "release.stopping", f"{pool.name} is already being deleted", **fields)
+                continue
+            try:
+                nodes = self.guard.nodes(pool)
+                found = self._occupants(pool, nodes, jobsets)
+                last = None if found else last_users.get(pool.name)
+                taking = (
+                    occupancy.decide(pool, verdict, [], [], 0.0, self.settings, last, self.may_own)
+                    if last
+                    else None
+                )
+                inherited = taking is not None and taking.adopter is not None  # ADOPT by the last user
+                if taking is not None and taking.adopter is not None:
+                    pool, verdict = self._inherit(
+                        pool, taking.adopter, taking.why, trigger, jobsets, outcome, fields, now
+                    )
+                    fields = {"pool": pool.name, "jobset": pool.owner.describe()}
+                idle = idle_seconds(pool, jobsets.get(pool.owner.key), self.settings, now)
+                # Drain mode winds everything down: no pool is held for anyone.
+                if (
+                    not found
+                    and waiting is None
+                    and not adopt_only
+                    and self.settings.idle_pool_seconds > 0
+                    and not self.settings.drain
+                ):
+                    waiting = self._demand(listing, all_jobsets)
+                decision = occupancy.decide(
+                    pool, verdict, found, waiting or [], idle or 0.0, self.settings, may_own=self.may_own
+                )
+                if adopt_only and decision.action != occupancy.ADOPT:
+                    continue
+                admitted = (
+                    occupancy.just_admitted_taker(pool, waiting or [])
+                    if decision.action == occupancy.DELETE and pool.status == STATUS_RUNNING
+                    else None
+                )
+                if admitted is not None:
+                    # Not cordoned, not held: looked at again on the redelivery, when the admitted
+                    # JobSet's pods have bound here (an adoption) or have pools of their own (a delete).
+                    why = f"{decision.why}; not deleted yet: {admitted.who} may land on it"
+                    self.guard.uncordon(pool, nodes, why)
+                    outcome.retry.append(f"{pool.name}: {why}")
+                    logs.decision(
+                        log, "release.deferred", f"{pool.name} looked at again shortly: {why}", **fields
+                    )
+                    continue
+                if decision.action == occupancy.DELETE:
+                    self.guard.cordon(pool, nodes, decision.why)
+                    nodes = self.guard.nodes(pool)
+                    found = self._occupants(pool, nodes, jobsets)
+                    if found:  # someone bound just before the cordon: they keep or take the pool
+                        decision = occupancy.decide(
+                            pool, verdict, found, [], 0.0, self.settings, may_own=self.may_own
+                        )
+                if decision.action == occupancy.DELETE:
+                    self._delete(pool, decision.why + self._pretenders(pool.name), trigger, outcome, fields)
+                    continue
+                self.guard.uncordon(pool, nodes, decision.why)
+                if decision.action == occupancy.ADOPT and decision.adopter is not None:
+                    self._adopt(pool, decision.adopter, decision.why, trigger, jobsets, outcome, fields)
+                elif decision.action == occupancy.OFFER:
+                    # The stamp is the offer's record: the admission check hands over only stamped
+                    # pools, and a later release re-judges them when what they wait for goes. An
+                    # owner merely suspended gets none (readmitted, it would leave a stale one).
+                    stamp = {}
+                    if not pool.labels.get(labels.IDLE_SINCE) and not occupancy.is_live(
+                        jobsets.get(pool.owner.key)
+                    ):
+                        stamp = {labels.IDLE_SINCE: str(int(now.timestamp() - (idle or 0.0)))}
+                    if stamp or inherited:
+                        self._relabel(pool, {**pool.labels, **stamp}, decision.why, inherited)
+                    outcome.offered.append(pool)
+                    logs.decision(log, "release.offered", f"kept {pool.name} idle: {decision.why}", **fields)
+                else:
+                    if inherited:  # it outlives this delivery: its labels must say whose it is now
+                        self._relabel(pool, pool.labels, decision.why, billing=True)
+                    outcome.kept.append((pool, decision.why))
+                    logs.decision(log, "release.kept", f"kept {pool.name}: {decision.why}", **fields)
+            except TransientError as exc:
+                outcome.retry.append(f"{pool.name}: {exc.why}")
+                logs.decision(
+                    log, "release.retry", f"{pool.name} must be retried: {exc.why}", logging.WARNING, **fields
+                )
+        self._report(outcome, trigger, jobsets)
+        return outcome
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def _jobset(self, jobsets: JobSets, namespace: str, name: str) -> JobSet | None:
+        key = (namespace, name)
+        if key not in jobsets:
+            try:
+                jobsets[key] = self.kube.get_jobset(namespace, name)
+            except NotFoundError:
+                jobsets[key] = None
+        return jobsets[key]
+
+    def _occupants(self, pool: NodePoolInfo, nodes: list[Node], jobsets: JobSets) -> list[occupancy.Occupant]:
+        pods = self.guard.pods_on(nodes)
+        chains = PodChains(self.owners, jobsets).of(pods)
+        self._pretending[pool.name] = occupancy.pretenders(pool, nodes, pods, chains)
+        return occupancy.occupants(pool, nodes, pods, jobsets, chains)
+
+    def _sweep_reasons(self, trigger: str, names: list[str]) -> str:
+        """Why each pool went, for a sweep's Event: an event-driven release's trigger is the reason
+        ("JobSet completed"), a sweep's ("reconcile sweep") is not, so ``kubectl describe`` says it."""
+        if not trigger.startswith("reconcile"):
+            return ""
+        said = [f"{n}: {self._deleted_why[n]}" for n in sorted(names) if self._deleted_why.get(n)]
+        return f" ({'; '.join(said)})" if said else ""
+
+    def _pretenders(self, pool: str) -> str:
+        """What a delete's reason and Event add about pods on ``pool`` that name a JobSet but hold
+        nothing ("" for none), from the last look at its pods (``_occupants``: no read of its own)."""
+        found = self._pretending.get(pool)
+        if not found:
+            return ""
+        return (
+            f"; not counted as occupants of {pool}: pod(s) {', '.join(found)}, which name a JobSet in "
+            "their labels but were made by none of its Jobs"
+        )
+
+    def _demand(
+        self, listing: list[NodePoolInfo], all_jobsets: list[JobSet] | None
+    ) -> list[occupancy.Demand]:
+        if all_jobsets is None:
+            all_jobsets = self.kube.list_jobsets()
+        now = datetime.datetime.now(tz=datetime.UTC)
+        return occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
+
+    def _delete(
+        self, pool: NodePoolInfo, why: str, trigger: str, outcome: Outcome, fields: dict[str, str]
+    ) -> None:
+        self._deleted_why[pool.name] = why
+        why = f"{why} ({trigger})"
+        try:
+            self.gke.delete_node_pool(self.settings.cluster_path, pool.name, why)
+        except NotFoundError:
+            logs.decision(log, "release.gone", f"{pool.name} was already deleted", **fields)
+            self.forget(pool.name)
+            return
+        except RejectedError as exc:
+            logs.decision(
+                log,
+                "release.rejected",
+                f"GKE refused to delete {pool.name}: {exc.why}",
+                logging.ERROR,
+                **fields,
+            )
+            return
+        # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
+        self.forget(pool.name)
+        outcome.deleted.append(pool)
+        logs.decision(log, "release.deleted", f"deleting {pool.name}: {why}", **fields)
+
+    def _adopt(
+        self,
+        pool: NodePoolInfo,
+        adopter: occupancy.Occupant,
+        why: str,
+        trigger: str,
+        jobsets: JobSets,
+        outcome: Outcome,
+        fields: dict[str, str],
+    ) -> None:
+        self._relabel(pool, occupancy.adopted_labels(pool, adopter), f"{why} ({trigger})", billing=True)
+        self._record_adoption(pool, adopter, why, trigger, jobsets, outcome, fields)
+
+    def _inherit(
+        self,
+        pool: NodePoolInfo,
+        user: occupancy.Occupant,
+        why: str,
+        trigger: str,
+        jobsets: JobSets,
+        outcome: Outcome,
+        fields: dict[str, str],
+        now: datetime.datetime,
+    ) -> tuple[NodePoolInfo, Verdict]:
+        """The finished JobSet that ran on ``pool`` last takes it over at its own release; the pool as
+        its own and that JobSet's verdict on it. Its labels are written only if the pool outlives this
+        delivery: a relabel is a GKE operation, and GKE refuses a delete while one runs on the pool."""
+        self._record_adoption(pool, user, why, trigger, jobsets, outcome, fields)
+        taken = dataclasses.replace(pool, labels=occupancy.adopted_labels(pool, user))
+        return taken, self.judge(taken, jobsets.get((user.namespace, user.name)), now)
+
+    def _relabel(self, pool: NodePoolInfo, new: Mapping[str, str], why: str, billing: bool) -> None:
+        # The billing labels move with the node labels, in the same operation (one per pool at a time).
+        owner = (
+            labels.billing_labels(new.get(labels.OWNER_NAMESPACE, ""), new.get(labels.OWNER_NAME, ""))
+            if billing
+            else None
+        )
+        self.gke.set_node_pool_labels(self.settings.cluster_path, pool.name, new, why, resource_labels=owner)
+
+    def _record_adoption(
+        self,
+        pool: NodePoolInfo,
+        adopter: occupancy.Occupant,
+        why: str,
+        trigger: str,
+        jobsets: JobSets,
+        outcome: Outcome,
+        fields: dict[str, str],
+    ) -> None:
+        outcome.adopted.append((pool, adopter))
+        logs.decision(log, "release.adopted", f"{adopter.describe()} adopts {pool.name}: {why}", **fields)
+        taker = jobsets.get((adopter.namespace, adopter.name))
+        running = occupancy.is_live(taker)  # else it is over: it adopts at its own release
+        tense = "run" if running else "ran"
+        if taker is not None:
+            self.kube.record_event(
+                jobset_ref(taker),
+                labels.REASON_ADOPTED,
+                f"adopted node pool {pool.name} (made for {pool.owner.describe()}): {adopter.pods} of its "
+                "pods "
+                + ("run there; it is released when this JobSet ends" if running else "ran there last"),
+            )
+        old = jobsets.get((pool.owner.namespace, pool.owner.name))
+        if old is not None and old.meta.uid == pool.owner.uid:
+            self.kube.record_event(
+                jobset_ref(old),
+                labels.REASON_RELEASED,
+                f"handed node pool {pool.name} to {adopter.describe()}, whose pods {tense} on it ({trigger})",
+            )
+
+    def _report(self, outcome: Outcome, trigger: str, jobsets: JobSets) -> None:
+        by_owner: dict[tuple[str, str, str], list[str]] = {}
+        for pool in outcome.deleted:
+            key = (
+                pool.owner.namespace,
+                pool.owner.name,
+                pool.owner.uid,
+            )
+            by_owner.setdefault(key, []).append(pool.name)
+        for (namespace, name, uid), names in sorted(by_owner.items()):
+            jobset = jobsets.get((namespace, name))
+            # A gone JobSet has nowhere to show an Event; a recreated one is not the pools' owner.
+            if jobset is None or (uid and jobset.meta.uid != uid):
+                continue
+            self.kube.record_event(
+                jobset_ref(jobset),
+                labels.REASON_RELEASED,
+                f"released node pools {', '.join(sorted(names))}: {trigger}"
+                + self._sweep_reasons(trigger, names)
+                + "".join(self._pretenders(n) for n in sorted(names)),
+            )
+
+
+def _reservation_parts(value: str) -> tuple[str, str]:
+    """(name, project) of a pool's reservation as GKE lists it: a name, or a shared path."""
+    if value.startswith("projects/"):
+        parts = value.split("/")
+        return parts[-1], parts[1]
+    return value, ""
+
+
+def _held_idle(pool: NodePoolInfo) -> bool:
+    """A managed pool release keeps idle for a waiting JobSet (its ``idle-since`` stamp, which only
+    this product writes: GKE node-pool labels are not the cluster's to change)."""
+    return is_managed(pool) and pool.status != STATUS_STOPPING and bool(pool.labels.get(labels.IDLE_SINCE))
