@@ -382,9 +382,47 @@ class RealStack:
         """Poll ``predicate`` until truthy; TimeoutError with the timeline's tail."""
 
         def tail() -> str:
-            return "\n".join(e.render() for e in self.timeline.entries()[-40:])
+            return "\n".join([*(e.render() for e in self.timeline.entries()[-40:]), *self.cluster_now()])
 
         return eventually(predicate, timeout, what, interval, explain=tail)
+
+    def cluster_now(self) -> list[str]:
+        """The Nodes (Ready, cordon, taints) and the pods not yet running, as the scheduler sees them:
+        what a timed-out wait shows beside the timeline, since a pending pod's reason is on the pod."""
+        api = self.kube_cluster.client()
+        try:
+            found_nodes = api.list(nodes.NODES)
+            found_pods = api.list("/api/v1/pods")
+        except (ApiError, OSError) as exc:
+            return [f"cluster now: unreadable ({exc})"]
+        lines = ["cluster now:"]
+        for node in found_nodes:
+            meta, spec = node["metadata"], node.get("spec") or {}
+            ready = next(
+                (
+                    c.get("status")
+                    for c in (node.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Ready"
+                ),
+                "none",
+            )
+            taints = ",".join(f"{t.get('key')}:{t.get('effect')}" for t in spec.get("taints") or []) or "-"
+            pool = (meta.get("labels") or {}).get(labels.NODEPOOL, "?")
+            cordon = " cordoned" if spec.get("unschedulable") else ""
+            lines.append(f"  node {meta['name']} pool={pool} Ready={ready}{cordon} taints={taints}")
+        for pod in found_pods:
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Running", "Succeeded"):
+                continue
+            scheduled = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
+            )
+            lines.append(
+                f"  pod {pod['metadata']['namespace']}/{pod['metadata']['name']} {status.get('phase')}"
+                f" node={(pod.get('spec') or {}).get('nodeName', '-')}"
+                f" scheduled={scheduled.get('status', '?')} {scheduled.get('message', '')}"
+            )
+        return lines
 
     def env(self) -> dict[str, str]:
         """What a shell exports to use this stack (kubectl, tpuprov status/why, tpuprov publish); the

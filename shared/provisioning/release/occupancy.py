@@ -338,17 +338,7 @@ def decide(
         return Decision(ADOPT, f"{verdict.why}; {ran}", last_user)
     if pool.status != STATUS_RUNNING:
         return Decision(DELETE, verdict.why)  # only a working pool is worth holding for someone
-    shape = pool_shape(pool)
-    taker = next(
-        (
-            d
-            for d in demand
-            if not d.just_admitted
-            and shape in d.shapes
-            and (d.namespace, d.name, d.uid) != (namespace, name, uid)
-        ),
-        None,
-    )
+    taker = _taker(pool, demand, just_admitted=False)
     if taker is not None and idle_seconds < settings.idle_pool_seconds:
         return Decision(
             OFFER,
@@ -397,10 +387,22 @@ JUST_ADMITTED_SECONDS = 30.0
 def just_admitted_taker(pool: NodePoolInfo, found: Sequence[Demand]) -> Demand | None:
     """The JobSet admitted a moment ago (``Demand.just_admitted``) whose pods could still land on
     ``pool`` (its shape, not its owner), or None."""
+    return _taker(pool, found, just_admitted=True)
+
+
+def _taker(pool: NodePoolInfo, found: Sequence[Demand], just_admitted: bool) -> Demand | None:
+    """The first demand of ``pool``'s shape that is not its owner's, among those admitted just now
+    (``just_admitted``) or those still queued: the one an idle pool is kept or left for."""
     shape = pool_shape(pool)
     owner = _owner(pool)
     return next(
-        (d for d in found if d.just_admitted and shape in d.shapes and (d.namespace, d.name, d.uid) != owner),
+        (
+            d
+            for d in found
+            if d.just_admitted is just_admitted
+            and shape in d.shapes
+            and (d.namespace, d.name, d.uid) != owner
+        ),
         None,
     )
 

@@ -387,7 +387,13 @@ class Releaser:
         ("JobSet completed"), a sweep's ("reconcile sweep") is not, so ``kubectl describe`` says it."""
         if not trigger.startswith("reconcile"):
             return ""
-        said = [f"{n}: {self._deleted_why[n]}" for n in sorted(names) if self._deleted_why.get(n)]
+        # The pretenders' sentence ends the stored reason (the delete's log line carries it) and
+        # ends the Event on its own, so it is cut here: it is said once.
+        said = [
+            f"{n}: {self._deleted_why[n].removesuffix(self._pretenders(n))}"
+            for n in sorted(names)
+            if self._deleted_why.get(n)
+        ]
         return f" ({'; '.join(said)})" if said else ""
 
     def _pretenders(self, pool: str) -> str:

@@ -353,11 +353,13 @@ def test_an_idle_pool_is_kept_only_for_a_namespace_that_may_hold_it(
     assert (pool.name in gke.pools[CLUSTER]) is kept
 
 
+@pytest.mark.parametrize("trigger", ["JobSet completed", "reconcile sweep"])
 def test_a_bare_pod_naming_another_jobset_holds_nothing_and_the_release_says_so(
-    gke: FakeGke, kube: FakeKube
+    gke: FakeGke, kube: FakeKube, trigger: str
 ) -> None:
     # A tenant pins a pod that only names JobSet "hold" (no Job made it) to A's node: A's release
-    # deletes the pool anyway, and its Event names the pod it did not count.
+    # deletes the pool anyway, and its Event names the pod it did not count, once (a sweep's Event
+    # also gives each pool's reason, which must not repeat it).
     a = tpu_jobset("a", "team-a", replicas=1)
     [pool] = with_pools(gke, kube, a)
     finish(kube, "a")
@@ -374,9 +376,9 @@ def test_a_bare_pod_naming_another_jobset_holds_nothing_and_the_release_says_so(
     )
     kube.bind("team-a", "squat", f"gke-c-{pool.name}-0")
 
-    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", trigger) == [pool.name]
     [message] = [m for m in events(kube, labels.REASON_RELEASED, "a") if pool.name in m]
-    assert f"not counted as occupants of {pool.name}: pod(s) team-a/squat" in message
+    assert message.count(f"not counted as occupants of {pool.name}: pod(s) team-a/squat") == 1
 
 
 def _admitted_now(kube: FakeKube, name: str, when: str) -> dict[str, Any]:
