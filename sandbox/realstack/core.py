@@ -414,7 +414,7 @@ class RealStack:
             status = pod.get("status") or {}
             if status.get("phase") in ("Running", "Succeeded"):
                 continue
-            scheduled = next(
+            scheduled: dict[str, Any] = next(
                 (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
             )
             lines.append(

@@ -111,3 +111,19 @@ def queue(kube: FakeKube, name: str, replicas: int = 1) -> dict[str, Any]:
     jobset["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}  # queued in Kueue
     kube.add_jobset(jobset)
     return jobset
+
+
+HANDOVER_WINDOW = 120
+
+
+def finished_beside_queued(
+    gke: FakeGke, kube: FakeKube, finished_ago: float
+) -> tuple[NodePoolInfo, dict[str, Any], Settings]:
+    """Team-a's one-slice JobSet "a" finished ``finished_ago`` seconds ago on its pool while JobSet
+    "queued" of its shape waits in Kueue: the pool, the queued JobSet and settings with a
+    ``HANDOVER_WINDOW``-second handover window (the release keeps the pool idle for "queued")."""
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(finished_ago))
+    queued = queue(kube, "queued")
+    return pool, queued, SETTINGS.with_overrides(idle_pool_seconds=HANDOVER_WINDOW)

@@ -28,6 +28,7 @@ from tests.unit.provisioning.releases import (
     ago,
     events,
     finish,
+    finished_beside_queued,
     land,
     now,
     owner,
@@ -182,11 +183,7 @@ def test_a_transient_delete_failure_leaves_the_nodes_cordoned_and_the_retry_rech
 
 
 def test_an_idle_pool_waits_for_a_queued_jobset_of_its_shape_then_goes(gke: FakeGke, kube: FakeKube) -> None:
-    a = tpu_jobset("a", "team-a", replicas=1)
-    [pool] = with_pools(gke, kube, a)
-    finish(kube, "a", when=ago(30))
-    queued = queue(kube, "queued")
-    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    pool, queued, settings = finished_beside_queued(gke, kube, finished_ago=30)
 
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
     assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
@@ -199,11 +196,7 @@ def test_an_idle_pool_waits_for_a_queued_jobset_of_its_shape_then_goes(gke: Fake
 
 
 def test_an_unclaimed_idle_pool_is_deleted_after_the_window(gke: FakeGke, kube: FakeKube) -> None:
-    a = tpu_jobset("a", "team-a", replicas=1)
-    [pool] = with_pools(gke, kube, a)
-    finish(kube, "a", when=ago(200))
-    queue(kube, "queued")
-    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    pool, _, settings = finished_beside_queued(gke, kube, finished_ago=200)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
 
 
@@ -213,11 +206,7 @@ def test_the_deletion_of_the_jobset_an_idle_pool_waits_for_releases_it_at_once(
     # A's release kept its pool idle for the queued JobSet of its shape; then the queued one is
     # deleted. Its release owns no pool, but it is the end of what the idle pool waited for: the pool
     # goes now, not when the handover window or the next sweep comes.
-    a = tpu_jobset("a", "team-a", replicas=1)
-    [pool] = with_pools(gke, kube, a)
-    finish(kube, "a", when=ago(30))
-    queue(kube, "queued")
-    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    pool, _, settings = finished_beside_queued(gke, kube, finished_ago=30)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
     assert gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)
 
@@ -232,11 +221,7 @@ def test_an_idle_pool_still_wanted_stays_through_another_jobsets_release(
 ) -> None:
     # The same, but the queued JobSet is still there when an unrelated JobSet's release looks: the
     # idle pool keeps waiting, and the unrelated release says nothing about it.
-    a = tpu_jobset("a", "team-a", replicas=1)
-    [pool] = with_pools(gke, kube, a)
-    finish(kube, "a", when=ago(30))
-    queue(kube, "queued")
-    settings = SETTINGS.with_overrides(idle_pool_seconds=120)
+    pool, _, settings = finished_beside_queued(gke, kube, finished_ago=30)
     assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
     assert Releaser(settings, gke, kube).release("team-b", "other", "", "JobSet deleted", deleted=True) == []
     assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
