@@ -29,8 +29,7 @@ from shared.core.errors import (
 )
 from shared.core.settings import Settings
 from shared.provisioning.create import backoff
-from shared.provisioning.create.engine import SliceGroupEngine
-from shared.provisioning.create.fallback import Attempts
+from shared.provisioning.create.engine import SliceGroupEngine, SliceRefused
 from shared.provisioning.create.groups import Create, Group, Specs, deferral, group_incomplete
 from shared.provisioning.create.known import group_of
 from shared.provisioning.outcomes import CREATED, EXISTS, FAILED, REFUSED, SKIPPED, WAITING, Outcome, logged
@@ -232,15 +231,10 @@ class Provisioner:
         held = self.fallback.held(failures)
         if existing is None and spec.name in held:
             return logged(Outcome(SKIPPED, held[spec.name], spec.name, slice_desc))
-        try:  # each attempt's capacity: the policy's first option, or the recorded fallback
-            attempts = Attempts(self.fallback.options(request, jobset), failures)
-        except Refused as exc:
-            return self._refuse(pod, exc.why, slice_desc, spec.name, jobset)
-        spec, _ = specs.of(request, attempts.option(spec.name))  # the own spec again when it is that option
         # Every pool of the replicated job is requested together: with exclusive placement any Job may
         # land on any free pool of its shape, so a Job whose "own" pool another Job took must still
         # find one. Requesting them all at once keeps pools == slices whatever the landing order.
-        wanted: list[Create] = [] if existing is not None else [Create.of(request, spec, shape)]
+        requests = [] if existing is not None else [request]
         # Slices backing off after a stockout or quota failure wait too (reconcile retries them).
         listed = _listed_slices(pools)  # one set, not a scan per sibling (groups of hundreds)
         for index in range(owned.replicated_job.replicas):
@@ -252,8 +246,12 @@ class Provisioner:
             name = sibling.pool_name
             if name in listed or _identity(sibling) in listed or name in held or self.known_pools.known(name):
                 continue
-            sibling_spec, _ = specs.of(sibling, attempts.option(name))
-            wanted.append(Create.of(sibling, sibling_spec, shape))
+            requests.append(sibling)
+        engine: SliceGroupEngine = self.services.engine
+        try:  # each attempt's capacity: the policy's first option, or the recorded fallback
+            wanted = engine.plan(jobset, requests, specs, failures)
+        except SliceRefused as exc:
+            return self._refuse(pod, exc.why, slice_desc, spec.name, jobset)
         try:
             outcomes = self._create_all(Group(pod, request, jobset, wanted, shape, pools, budget))
         except TransientError:

@@ -11,14 +11,12 @@ from shared.cloud.retry import Budget
 from shared.core import labels
 from shared.core.errors import (
     NotFoundError,
-    Refused,
     TransientError,
 )
 from shared.provisioning.admission.decide import MISSING, CheckVerdict, SliceState, decide
 from shared.provisioning.create import backoff
-from shared.provisioning.create.engine import SliceGroupEngine
-from shared.provisioning.create.fallback import Attempts
-from shared.provisioning.create.groups import Create, Specs
+from shared.provisioning.create.engine import SliceGroupEngine, SliceRefused
+from shared.provisioning.create.groups import Specs
 from shared.provisioning.release.guard import MANAGED_NODES
 from shared.provisioning.release.occupancy import Occupant, pool_shape, spec_shape
 from shared.provisioning.release.releaser import is_managed, owned_by
@@ -134,16 +132,16 @@ class SlicePools:
         now = datetime.datetime.now(tz=datetime.UTC)
         taken: list[str] = []
         specs = Specs(self.settings, self.cluster())  # built as provision builds them, once each
+        engine: SliceGroupEngine = self.services.engine
         for item in slices:
             request = item.request
             if request.pool_name not in missing or not idle:
                 continue
-            try:
-                attempts = Attempts(self.fallback.options(request, jobset), failures)
-                spec, _ = specs.of(request, attempts.option(request.pool_name))
-            except Refused:
+            try:  # the pool the slice's next attempt would create: an idle one of its shape serves
+                [planned] = engine.plan(jobset, [request], specs, failures)
+            except SliceRefused:
                 continue
-            match = next((p for p in idle if pool_shape(p) == spec_shape(spec)), None)
+            match = next((p for p in idle if pool_shape(p) == spec_shape(planned.spec)), None)
             if match is None:
                 continue
             idle.remove(match)
@@ -192,22 +190,16 @@ class SlicePools:
     ) -> tuple[tuple[str, ...], CheckVerdict]:
         """Create every missing pool at once (within free operation slots and the deadline)."""
         missing = set(verdict.create)
-        wanted: list[Create] = []
         failures = backoff.failures(jobset, self.backoff.clock())
         specs = Specs(self.settings, self.cluster())
-        for item in slices:
-            request = item.request
-            if request.pool_name not in missing:
-                continue
-            try:
-                attempts = Attempts(self.fallback.options(request, jobset), failures)
-                spec, shape = specs.of(request, attempts.option(request.pool_name))
-            except Refused as exc:
-                return (), decide([], f"{request.slice_id.describe()}: {exc.why}")
-            wanted.append(Create.of(request, spec, shape, "(admission check of its Workload)"))
+        engine: SliceGroupEngine = self.services.engine
+        requests = [item.request for item in slices if item.request.pool_name in missing]
+        try:
+            wanted = engine.plan(jobset, requests, specs, failures, "(admission check of its Workload)")
+        except SliceRefused as exc:
+            return (), decide([], f"{exc.slice_desc}: {exc.why}")
         # Budgets apply before anything is sent: a Workload whose slices its namespace may not buy now
         # waits (Retry: Kueue releases its quota and brings it back later) instead of half-landing.
-        engine: SliceGroupEngine = self.services.engine
         namespace = jobset.meta.namespace
         charged = engine.charge(namespace, wanted, pools)
         if charged.refused:

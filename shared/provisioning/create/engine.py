@@ -3,6 +3,8 @@
 Provision (a pending pod's replicated job), the Kueue admission check (a Workload's slices) and the
 reconcile sweep (through provision) all buy pools the same way, here:
 
+0. ``plan``: each slice's create on the capacity its next attempt uses (the policy's first option,
+   or the fallback its failure record names), its spec built once;
 1. ``charge``: each create is charged to the budget its namespace spends under (``CHIP_BUDGET`` over
    all pools, the namespace's ``TENANTS`` entry), reserved before anything is sent so that the
    creates of one delivery cannot overshoot together; what a budget cannot pay for is refused;
@@ -28,11 +30,17 @@ from typing import Any
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.cloud.retry import Budget
 from shared.core import labels
-from shared.core.errors import AlreadyExistsError, CapacityUnavailableError, RejectedError, TransientError
+from shared.core.errors import (
+    AlreadyExistsError,
+    CapacityUnavailableError,
+    Refused,
+    RejectedError,
+    TransientError,
+)
 from shared.core.settings import Settings
 from shared.provisioning.create import backoff, slots
-from shared.provisioning.create.fallback import Fallback
-from shared.provisioning.create.groups import Create
+from shared.provisioning.create.fallback import Attempts, Fallback
+from shared.provisioning.create.groups import Create, Specs
 from shared.provisioning.create.policies import WorkloadPolicies
 from shared.provisioning.create.slots import Slots
 from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budget
@@ -40,10 +48,20 @@ from shared.provisioning.tenancy.spending import Spending
 from shared.tpu import catalog
 from shared.tpu.jobsets import JobSet, jobset_ref
 from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.slices import SliceRequest
 
 
 def _chips(item: Create) -> int:
     return (catalog.machine_type_chips(item.spec.machine_type) or 0) * item.spec.node_count
+
+
+class SliceRefused(Refused):
+    """No pool can be built for one slice of a group (a bad capacity policy or zone): nothing of the
+    group is planned. ``slice_desc`` names the slice, ``why`` says what is wrong."""
+
+    def __init__(self, request: SliceRequest, why: str) -> None:
+        super().__init__(why)
+        self.slice_desc = request.slice_id.describe()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +113,31 @@ class SliceGroupEngine:
         self.fallback = fallback
         self.spending = spending
         self.policies = policies
+
+    def plan(
+        self,
+        jobset: JobSet,
+        requests: Sequence[SliceRequest],
+        specs: Specs,
+        failures: Mapping[str, backoff.Failure],
+        note: str = "",
+    ) -> list[Create]:
+        """The creates of ``jobset``'s slices ``requests``, in order: each on its next attempt's
+        capacity option (``Attempts`` over the replicated job's policy and ``failures``), its spec from
+        ``specs`` (built once per slice and option); ``note`` ends each create's reason. Raises
+        ``SliceRefused`` for the first slice no pool can be built for."""
+        attempts: dict[str, Attempts] = {}  # one per replicated job: its slices share the policy
+        wanted: list[Create] = []
+        for request in requests:
+            rjob = request.slice_id.replicated_job
+            try:
+                if rjob not in attempts:
+                    attempts[rjob] = Attempts(self.fallback.options(request, jobset), failures)
+                spec, shape = specs.of(request, attempts[rjob].option(request.pool_name))
+            except Refused as exc:
+                raise SliceRefused(request, exc.why) from exc
+            wanted.append(Create.of(request, spec, shape, note))
+        return wanted
 
     def charge(self, namespace: str, items: Sequence[Create], pools: list[NodePoolInfo]) -> Charged:
         """The creates ``namespace`` may pay for now, each reserved against its budgets in order."""
@@ -175,4 +218,4 @@ class SliceGroupEngine:
         return sent
 
 
-__all__ = ["Charged", "Sent", "SliceGroupEngine"]
+__all__ = ["Charged", "Sent", "SliceGroupEngine", "SliceRefused"]

@@ -307,6 +307,19 @@ def test_what_can_never_succeed_is_rejected_with_the_reason(gke, kube, change, w
     assert {e["kind"] for e in kube.events if e["reason"] == "TPUSlicesRejected"} == {"Workload", "JobSet"}
 
 
+def test_a_policy_no_pool_can_follow_is_rejected_naming_the_slice_and_buys_nothing(gke, kube) -> None:
+    # The group is planned whole before anything is charged or sent (SliceGroupEngine.plan): one
+    # slice whose capacity policy cannot be parsed refuses the Workload, with that slice named.
+    jobset, wl = setup(kube, replicas=2)
+    jobset["metadata"].setdefault("annotations", {})[labels.CAPACITY_POLICY] = "no-such-capacity"
+    kube.add_jobset(jobset)
+    result = AdmissionChecker(Services(SETTINGS, gke, kube)).handle("team-a", wl["metadata"]["name"])
+    assert result.state == "Rejected"
+    message = state_of(kube, wl)["message"]
+    assert message.startswith("team-a/train slice[0]: ") and labels.CAPACITY_POLICY in message
+    assert gke.count("create") == 0
+
+
 def test_workloads_the_check_does_not_own_are_left_alone(gke, kube) -> None:
     jobset, _ = setup(kube)
     other = workload(jobset, checks=("someone-else",))
