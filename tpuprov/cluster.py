@@ -18,6 +18,7 @@ from shared.core import labels
 from shared.core.errors import InvalidInputError, NotFoundError
 from shared.core.settings import Settings
 from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.workloads import WorkloadView, parse_workload
 
 JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
 
@@ -103,9 +104,12 @@ class ClusterView:
             return {}
         return {str(k): str(v) for k, v in ((found.get("metadata") or {}).get("labels") or {}).items()}
 
-    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Kueue Workloads, in one namespace or all."""
-        return self.objects.list_objects("kueue.x-k8s.io/v1beta2", "Workload", namespace or "")
+    def list_workloads(self, namespace: str | None = None) -> list[WorkloadView]:
+        """Kueue Workloads' views, in one namespace or all (as the functions' port gives them)."""
+        return [
+            parse_workload(w)
+            for w in self.objects.list_objects("kueue.x-k8s.io/v1beta2", "Workload", namespace or "")
+        ]
 
     def nodes(self) -> list[dict[str, Any]]:
         """Every node of the cluster."""

@@ -32,7 +32,7 @@ from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
-from shared.tpu.workloads import WorkloadView, parse_workload
+from shared.tpu.workloads import WorkloadView
 from tpuprov import output
 
 DEFAULT_PRICES = Path(__file__).parent / "data" / "prices.yaml"
@@ -194,7 +194,7 @@ def pool_rows(
     now: datetime.datetime,
     settings: Settings,
     jobs: Sequence[Mapping[str, Any]] = (),
-    workloads: Sequence[Mapping[str, Any]] = (),
+    workloads: Sequence[WorkloadView] = (),
     may_spend: Callable[[str, int], str] | None = None,
 ) -> list[PoolRow]:
     """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed.
@@ -228,7 +228,6 @@ def pool_rows(
         if pool_name:
             pool_pods.setdefault(pool_name, []).append(pod)
     parsed_jobs = {(j.namespace, j.name): j for j in map(Job.parse, jobs)}
-    views = [parse_workload(w) for w in workloads]
     chains = chains_of(pods, parsed_jobs, by_key)
     queued: list[occupancy.Demand] | None = None  # listed once, and only when an idle pool needs it
     shapes = _machine_types()
@@ -246,7 +245,7 @@ def pool_rows(
         if queued is None and not found:
             queued = _demand(listed, pools, settings, may_spend)
         action, why = fate(
-            pool, owner, found, queued or [], settings, now, _hold(owner, views, settings, now)
+            pool, owner, found, queued or [], settings, now, _hold(owner, workloads, settings, now)
         )
         generation, chips_per_vm = shapes.get(pool.machine_type, ("?", 0))
         chips = chips_per_vm * pool.node_count

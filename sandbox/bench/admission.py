@@ -155,7 +155,7 @@ def _run(shape: Shape, seed: int) -> Result:
             ready_at.append(sim.now)
         for r in results:
             if r.state == "Retry" and not retry:
-                status = kube.get_workload("team-a", "jobset-train-0")["status"]
+                status = kube.workloads[("team-a", "jobset-train-0")]["status"]
                 mine = [c for c in status["admissionChecks"] if c["name"] == SETTINGS.admission_check_name]
                 retry.append((sim.now, int(mine[0].get("requeueAfterSeconds", 0))))
         # As the provision handler: a finished create whose Workload waits only for Nodes is redelivered.

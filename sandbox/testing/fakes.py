@@ -39,6 +39,7 @@ from shared.tpu.nodepools import (
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
+from shared.tpu.workloads import WorkloadView, parse_workload
 
 # GKE's own texts (see sandbox/emulators/gke/state.py for where they come from).
 _TOO_MANY = (
@@ -490,18 +491,18 @@ class FakeKube:
         meta = workload["metadata"]
         self.workloads[(meta.get("namespace", "default"), meta["name"])] = workload
 
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
-        """One Workload or NotFoundError."""
+    def get_workload(self, namespace: str, name: str) -> WorkloadView:
+        """One Workload's view or NotFoundError."""
         self._read()
         try:
-            return copy.deepcopy(self.workloads[(namespace, name)])
+            return parse_workload(self.workloads[(namespace, name)])
         except KeyError:
             raise NotFoundError(f'404 workloads.kueue.x-k8s.io "{name}" not found') from None
 
-    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Workloads, optionally in one namespace."""
+    def list_workloads(self, namespace: str | None = None) -> list[WorkloadView]:
+        """Workloads' views, optionally in one namespace."""
         self._read()
-        return [copy.deepcopy(w) for (ns, _), w in sorted(self.workloads.items()) if namespace in (None, ns)]
+        return [parse_workload(w) for (ns, _), w in sorted(self.workloads.items()) if namespace in (None, ns)]
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One ClusterQueue or NotFoundError."""

@@ -36,6 +36,7 @@ from shared.tpu.jobsets import JobSet
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
+from shared.tpu.workloads import WorkloadView, parse_workload
 
 log = logs.get("kube")
 
@@ -198,15 +199,16 @@ class KubeClient:
 
     # -- Kueue (the admission check) -------------------------------------------------------------
 
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
-        """One Kueue Workload. Raises NotFoundError."""
-        return dict(self._call("GET", f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads/{quote(name)}"))
+    def get_workload(self, namespace: str, name: str) -> WorkloadView:
+        """One Kueue Workload, parsed here once. Raises NotFoundError."""
+        path = f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads/{quote(name)}"
+        return parse_workload(self._call("GET", path))
 
-    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Kueue Workloads, optionally in one namespace (paged)."""
-        if namespace:
-            return self._list(f"{KUEUE_PATH}/namespaces/{quote(namespace)}/workloads")
-        return self._list(f"{KUEUE_PATH}/workloads")
+    def list_workloads(self, namespace: str | None = None) -> list[WorkloadView]:
+        """Kueue Workloads, optionally in one namespace (paged), parsed here once."""
+        where = f"/namespaces/{quote(namespace)}" if namespace else ""
+        path = f"{KUEUE_PATH}{where}/workloads"
+        return [parse_workload(w) for w in self._list(path)]
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One Kueue ClusterQueue. Raises NotFoundError."""

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from shared.tpu.nodes import Node
     from shared.tpu.owners import Job
     from shared.tpu.pods import Pod
+    from shared.tpu.workloads import WorkloadView
 
 
 class NodePoolAPI(Protocol):
@@ -148,12 +149,12 @@ class KubeAPI(Protocol):
         """Record a core/v1 Event about ``involved`` (an object dict with apiVersion/kind/metadata)."""
         ...
 
-    def get_workload(self, namespace: str, name: str) -> dict[str, Any]:
-        """One Kueue Workload. Raises NotFoundError."""
+    def get_workload(self, namespace: str, name: str) -> WorkloadView:
+        """One Kueue Workload, as its view. Raises NotFoundError."""
         ...
 
-    def list_workloads(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        """Kueue Workloads, optionally in one namespace."""
+    def list_workloads(self, namespace: str | None = None) -> list[WorkloadView]:
+        """Kueue Workloads, optionally in one namespace, as their views."""
         ...
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:

@@ -34,7 +34,6 @@ from shared.tpu.workloads import (
     CheckState,
     WorkloadSlice,
     WorkloadView,
-    parse_workload,
     workload_slices,
 )
 
@@ -89,7 +88,7 @@ class AdmissionChecker:
     def handle(self, namespace: str, name: str, trigger: str = "") -> CheckResult:
         """Look at one Workload (e.g. on its QuotaReserved Event) and move its check on."""
         try:
-            workload = parse_workload(self.kube.get_workload(namespace, name))
+            workload = self.kube.get_workload(namespace, name)
         except NotFoundError:
             return self._skip(f"{namespace}/{name}", "Workload no longer exists")
         return self.evaluate(workload, trigger)
@@ -102,8 +101,7 @@ class AdmissionChecker:
             listed = self.kube.list_workloads()
         except NotFoundError:
             return []  # Kueue is not installed: no Workload waits for the check
-        for obj in listed:
-            workload = parse_workload(obj)
+        for workload in listed:
             state = workload.check(self.check)
             # A Workload deactivated, evicted or finished is not the check's any more, even while Kueue
             # is still evicting it (quota still reserved, the check reset to Pending): left alone.

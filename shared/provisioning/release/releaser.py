@@ -38,7 +38,7 @@ from shared.tpu import catalog
 from shared.tpu.jobsets import JobSet, is_suspended, jobset_ref
 from shared.tpu.nodepools import STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo, Reservation
 from shared.tpu.nodes import Node
-from shared.tpu.workloads import WorkloadView, parse_workload
+from shared.tpu.workloads import WorkloadView
 
 log = logs.get("release")
 
@@ -91,7 +91,7 @@ class Holds:
         if cached is not None and self.clock() - cached[0] < self.ttl:
             return cached[1]
         try:
-            found = [parse_workload(w) for w in self.kube.list_workloads(namespace)]
+            found = self.kube.list_workloads(namespace)
         except NotFoundError:
             found = []  # Kueue is not installed: no Workload holds anything
         if len(self._listed) > 256:

@@ -25,7 +25,7 @@ from shared.core.settings import Settings, TenantEntry
 from shared.tpu import catalog
 from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo, Reservation
-from shared.tpu.workloads import WorkloadView, parse_workload
+from shared.tpu.workloads import WorkloadView
 
 NO_LIMIT_STATED = (
     "this deployment states no spending limit, so nothing is bought: set CHIP_BUDGET, TENANTS, "
@@ -208,7 +208,7 @@ class Spending:
             return ""
         meta = jobset.meta
         try:
-            listed = [parse_workload(w) for w in self.kube.list_workloads(meta.namespace)]
+            listed = self.kube.list_workloads(meta.namespace)
         except NotFoundError:
             listed = []
         mine = [w for w in listed if w.owner_kind == "JobSet" and w.owner_uid == meta.uid]
