@@ -36,7 +36,7 @@ from sandbox.emulators.gcloud_pubsub import PubsubEmulator
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.logging.router import LogRouter
-from sandbox.kube import netns, nodes
+from sandbox.kube import describe, netns, nodes
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
 from sandbox.polling import eventually
@@ -387,42 +387,8 @@ class RealStack:
         return eventually(predicate, timeout, what, interval, explain=tail)
 
     def cluster_now(self) -> list[str]:
-        """The Nodes (Ready, cordon, taints) and the pods not yet running, as the scheduler sees them:
-        what a timed-out wait shows beside the timeline, since a pending pod's reason is on the pod."""
-        api = self.kube_cluster.client()
-        try:
-            found_nodes = api.list(nodes.NODES)
-            found_pods = api.list("/api/v1/pods")
-        except (ApiError, OSError) as exc:
-            return [f"cluster now: unreadable ({exc})"]
-        lines = ["cluster now:"]
-        for node in found_nodes:
-            meta, spec = node["metadata"], node.get("spec") or {}
-            ready = next(
-                (
-                    c.get("status")
-                    for c in (node.get("status") or {}).get("conditions") or []
-                    if c.get("type") == "Ready"
-                ),
-                "none",
-            )
-            taints = ",".join(f"{t.get('key')}:{t.get('effect')}" for t in spec.get("taints") or []) or "-"
-            pool = (meta.get("labels") or {}).get(labels.NODEPOOL, "?")
-            cordon = " cordoned" if spec.get("unschedulable") else ""
-            lines.append(f"  node {meta['name']} pool={pool} Ready={ready}{cordon} taints={taints}")
-        for pod in found_pods:
-            status = pod.get("status") or {}
-            if status.get("phase") in ("Running", "Succeeded"):
-                continue
-            scheduled: dict[str, Any] = next(
-                (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {}
-            )
-            lines.append(
-                f"  pod {pod['metadata']['namespace']}/{pod['metadata']['name']} {status.get('phase')}"
-                f" node={(pod.get('spec') or {}).get('nodeName', '-')}"
-                f" scheduled={scheduled.get('status', '?')} {scheduled.get('message', '')}"
-            )
-        return lines
+        """``sandbox.kube.describe.cluster_now`` of this stack's cluster."""
+        return describe.cluster_now(self.kube_cluster.client())
 
     def env(self) -> dict[str, str]:
         """What a shell exports to use this stack (kubectl, tpuprov status/why, tpuprov publish); the

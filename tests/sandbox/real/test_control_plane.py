@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 
 from sandbox import polling
-from sandbox.kube import rbac
+from sandbox.kube import describe, rbac
 from sandbox.kube.api import ApiError
 from sandbox.kube.cluster import RealCluster
 from sandbox.kube.kwok import FAIL_UNTIL_ATTEMPT, RUN_SECONDS
@@ -171,6 +171,30 @@ def test_a_pod_no_node_fits_gets_the_schedulers_failed_scheduling_event(cluster:
     assert event["reportingComponent"] == "default-scheduler"
     assert event["message"].startswith("0/")
     assert "didn't match Pod's node affinity/selector" in event["message"]
+
+
+def test_what_a_timed_out_wait_prints_names_the_nodes_and_why_a_pod_pends(cluster: RealCluster) -> None:
+    # describe.cluster_now is what RealStack.wait_for prints when it times out: a failure on the real
+    # components must say which Node held a pod off (taints, cordon, Ready) and what the scheduler said.
+    pool = v6e_pool("np-describe", nodes=1)
+    pool_ready(cluster, pool)
+    api = cluster.client()
+    node = f"gke-{CLUSTER}-np-describe-0"
+    api.patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
+    api.create(PODS, tpu_pod("trainer-describe", pool))
+
+    def said() -> list[str]:
+        lines = describe.cluster_now(api)
+        ours = [line for line in lines if "trainer-describe" in line and "scheduled=False 0/" in line]
+        return lines if ours else []
+
+    lines = eventually(said, 60, "the pod's PodScheduled=False in the description", cluster)
+    [node_line] = [line for line in lines if f"node {node} " in line]
+    assert "pool=np-describe Ready=True cordoned" in node_line
+    [pod_line] = [line for line in lines if "trainer-describe" in line]
+    assert pod_line.startswith(f"  pod {NS}/trainer-describe Pending owner=-/- ")
+    assert "unschedulable" in pod_line  # the scheduler's own words for a cordoned node
+    assert not [line for line in lines if line.startswith("  jobset ")]  # no JobSet CRD here: none, no error
 
 
 def test_deleting_a_pools_nodes_lets_the_real_pod_gc_fail_and_remove_their_pods(cluster: RealCluster) -> None:
