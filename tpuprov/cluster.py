@@ -17,7 +17,11 @@ from shared.cloud.objects import ApiClientObjects
 from shared.core import labels
 from shared.core.errors import InvalidInputError, NotFoundError
 from shared.core.settings import Settings
-from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.jobsets import JobSet
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Job
+from shared.tpu.pods import Pod
 from shared.tpu.workloads import WorkloadView, parse_workload
 
 JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
@@ -60,7 +64,10 @@ def require_cluster(project: str, location: str, cluster: str) -> None:
 
 
 class ClusterView:
-    """The reads ``status`` and ``why`` need: pools from GKE; JobSets, pods, nodes, Events from Kubernetes."""
+    """The reads ``status`` and ``why`` need: pools from GKE; JobSets, pods, nodes, Events from Kubernetes.
+
+    Each object comes back as the view the functions' own port returns (``shared.tpu``), parsed here
+    once, so the CLI decides on exactly what provision and release decide on."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -73,28 +80,32 @@ class ClusterView:
         """Every node pool of the cluster (managed or not)."""
         return self.gke.list_node_pools(self.settings.cluster_path)
 
-    def jobsets(self, namespace: str = "") -> list[dict[str, Any]]:
-        """JobSets, in one namespace or all."""
-        return self.objects.list_objects(JOBSET_API, "JobSet", namespace)
+    def cluster(self) -> ClusterInfo:
+        """The cluster as GKE describes it (its zones and release channel shape a pool's spec)."""
+        return self.gke.get_cluster(self.settings.cluster_path)
 
-    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def jobsets(self, namespace: str = "") -> list[JobSet]:
+        """JobSets, in one namespace or all."""
+        return [JobSet.parse(js) for js in self.objects.list_objects(JOBSET_API, "JobSet", namespace)]
+
+    def jobset(self, namespace: str, name: str) -> JobSet | None:
         """One JobSet, or None when it does not exist."""
         try:
-            return self.objects.get(JOBSET_API, "JobSet", name, namespace)
+            return JobSet.parse(self.objects.get(JOBSET_API, "JobSet", name, namespace))
         except NotFoundError:
             return None
 
-    def pods(self, namespace: str = "", label_selector: str = "") -> list[dict[str, Any]]:
+    def pods(self, namespace: str = "", label_selector: str = "") -> list[Pod]:
         """Pods, optionally in one namespace and filtered by labels."""
-        return self.objects.list_objects("v1", "Pod", namespace, label_selector)
+        return [Pod.parse(p) for p in self.objects.list_objects("v1", "Pod", namespace, label_selector)]
 
-    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def pod(self, namespace: str, name: str) -> Pod:
         """One pod (raises NotFoundError)."""
-        return self.objects.get("v1", "Pod", name, namespace)
+        return Pod.parse(self.objects.get("v1", "Pod", name, namespace))
 
-    def jobs(self, namespace: str = "") -> list[dict[str, Any]]:
+    def jobs(self, namespace: str = "") -> list[Job]:
         """batch/v1 Jobs, in one namespace or all (a pod's place in its JobSet is proven through them)."""
-        return self.objects.list_objects("batch/v1", "Job", namespace)
+        return [Job.parse(j) for j in self.objects.list_objects("batch/v1", "Job", namespace)]
 
     def get_namespace_labels(self, name: str) -> dict[str, str]:
         """A Namespace's labels (TENANTS ``label:`` entries match them); {} when it does not exist."""
@@ -111,20 +122,19 @@ class ClusterView:
             for w in self.objects.list_objects("kueue.x-k8s.io/v1beta2", "Workload", namespace or "")
         ]
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[Node]:
         """Every node of the cluster."""
-        return self.objects.list_objects("v1", "Node")
+        return [Node.parse(n) for n in self.objects.list_objects("v1", "Node")]
 
-    def events_about(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
-        """Events whose involvedObject is ``obj`` (matched by kind, name and, when known, uid)."""
-        meta = obj.get("metadata") or {}
-        namespace = str(meta.get("namespace", "default"))
+    def events_about(self, kind: str, namespace: str, name: str, uid: str = "") -> list[dict[str, Any]]:
+        """Events whose involvedObject is the ``kind`` object ``namespace/name`` (and, when both
+        sides know it, of uid ``uid``)."""
         found = []
         for event in self.objects.list_objects("v1", "Event", namespace):
             involved = event.get("involvedObject") or {}
-            if involved.get("name") != meta.get("name") or involved.get("kind") != obj.get("kind"):
+            if involved.get("name") != name or involved.get("kind") != kind:
                 continue
-            if meta.get("uid") and involved.get("uid") and involved.get("uid") != meta.get("uid"):
+            if uid and involved.get("uid") and involved.get("uid") != uid:
                 continue
             found.append(event)
         return found

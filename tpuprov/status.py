@@ -32,6 +32,7 @@ from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
+from shared.tpu.pods import Pod
 from shared.tpu.workloads import WorkloadView
 from tpuprov import output
 
@@ -187,24 +188,25 @@ def _hold(
 
 def pool_rows(
     pools: Sequence[NodePoolInfo],
-    jobsets: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
-    nodes: Sequence[Mapping[str, Any]],
+    jobsets: Sequence[JobSet],
+    pods: Sequence[Pod],
+    nodes: Sequence[Node],
     prices: Prices,
     now: datetime.datetime,
     settings: Settings,
-    jobs: Sequence[Mapping[str, Any]] = (),
+    jobs: Sequence[Job] = (),
     workloads: Sequence[WorkloadView] = (),
     may_spend: Callable[[str, int], str] | None = None,
 ) -> list[PoolRow]:
-    """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed.
+    """One row per managed pool, sorted by owner then name; ``settings`` as the functions are deployed;
+    every object as the functions' port returns it (``tpuprov.cluster.ClusterView`` reads them).
 
     ``jobs``: the batch/v1 Jobs, through which a pod on a pool is proven its JobSet's own (labels
     prove nothing; ``shared.provisioning.tenancy.ownership``), exactly as release decides occupancy;
     ``workloads``: Kueue's, whose status says whether a suspended owner's pools are still needed;
     ``may_spend``: release's ``Spending.never_holds``, so no pool is shown kept for a namespace
     that may not hold it."""
-    listed = [JobSet.of(js) for js in jobsets]
+    listed = list(jobsets)
     by_key: dict[tuple[str, str], JobSet | None] = {js.key: js for js in listed}
     node_pool: dict[str, str] = {}
     node_labels: dict[str, list[Mapping[str, str]]] = {}
@@ -213,22 +215,19 @@ def pool_rows(
     # it started to cost money (a pool without nodes has no VMs to pay for).
     oldest: dict[str, datetime.datetime] = {}
     for node in nodes:
-        meta = node.get("metadata") or {}
-        pool_name = (meta.get("labels") or {}).get(labels.NODEPOOL, "")
-        node_pool[str(meta.get("name", ""))] = pool_name
-        node_labels.setdefault(pool_name, []).append(meta.get("labels") or {})
-        pool_nodes.setdefault(pool_name, []).append(Node.parse(node))
-        created = _parse_time(str(meta.get("creationTimestamp", "")))
+        pool_name = node.pool
+        node_pool[node.name] = pool_name
+        node_labels.setdefault(pool_name, []).append(node.labels)
+        pool_nodes.setdefault(pool_name, []).append(node)
+        created = _parse_time(node.created)
         if created and (pool_name not in oldest or created < oldest[pool_name]):
             oldest[pool_name] = created
     # Pods grouped by the pool of their node, so each pool's occupancy looks at its own pods only.
-    pool_pods: dict[str, list[Mapping[str, Any]]] = {}
+    pool_pods: dict[str, list[Pod]] = {}
     for pod in pods:
-        pool_name = node_pool.get(str((pod.get("spec") or {}).get("nodeName") or ""))
-        if pool_name:
-            pool_pods.setdefault(pool_name, []).append(pod)
-    parsed_jobs = {(j.namespace, j.name): j for j in map(Job.parse, jobs)}
-    chains = chains_of(pods, parsed_jobs, by_key)
+        if node_pool.get(pod.node_name):
+            pool_pods.setdefault(node_pool[pod.node_name], []).append(pod)
+    chains = chains_of(pods, {(j.namespace, j.name): j for j in jobs}, by_key)
     queued: list[occupancy.Demand] | None = None  # listed once, and only when an idle pool needs it
     shapes = _machine_types()
     rows = []

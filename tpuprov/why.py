@@ -1,8 +1,10 @@
 """What ``tpuprov why`` says: one paragraph on why a pod has, or does not have, its TPU slice.
 
-It runs the provision function's own derivation (``slice_request``, ``jobset_problem``,
-``build_node_pool``) on the pod as the API shows it now, then reads the pool GKE reports under the
-derived name and the product's Events, so the answer and the product's behaviour cannot drift apart.
+It runs the provision function's own derivation (``slice_request``, ``jobset_problem`` and the
+slice-group engine's ``plan``: the capacity option the next attempt uses and the pool spec on it) on
+the pod as the API shows it now, on the views the functions' port returns, then reads the pool GKE
+reports under the derived name and the product's Events, so the answer and the product's behaviour
+cannot drift apart.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import Any
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.settings import Settings
-from shared.provisioning.create import backoff
-from shared.provisioning.create.fallback import Attempts
-from shared.tpu import catalog, selectors
+from shared.provisioning.create import backoff, engine
+from shared.provisioning.create.groups import Specs
+from shared.tpu import capacity, catalog, selectors
 from shared.tpu.jobsets import JobSet, jobset_problem
-from shared.tpu.nodepools import NodePoolInfo, NodePoolSpec
-from shared.tpu.slices import build_node_pool, policy_of, slice_options, slice_request
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec
+from shared.tpu.nodes import Node
+from shared.tpu.pods import Pod
+from shared.tpu.slices import slice_request
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRODUCT_REASONS = (
@@ -28,11 +32,6 @@ PRODUCT_REASONS = (
     labels.REASON_FAILED,
     labels.REASON_RELEASED,
 )
-
-
-def _name(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
 
 
 def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
@@ -48,8 +47,8 @@ def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
     return "Latest Events: " + "; ".join(parts) + "."
 
 
-def _failed_sentence(pool: NodePoolInfo, jobset: Mapping[str, Any] | None, settings: Settings) -> str:
-    failure = backoff.failures(JobSet.of(jobset) if jobset is not None else None).get(pool.name)
+def _failed_sentence(pool: NodePoolInfo, jobset: JobSet | None, settings: Settings) -> str:
+    failure = backoff.failures(jobset).get(pool.name)
     head = f"GKE could not create its pool {pool.name}: {pool.status_message or 'status ERROR'}."
     if failure is None:
         return f"{head} The next provision or reconcile run records the failure and decides what comes next."
@@ -76,9 +75,7 @@ def _selectors_sentence(selected: Mapping[str, str], spec: NodePoolSpec, topolog
     return f"Of its node selectors, {'; '.join(parts)}." if parts else ""
 
 
-def _pool_sentence(
-    pool: NodePoolInfo, nodes_ready: int, jobset: Mapping[str, Any] | None, settings: Settings
-) -> str:
+def _pool_sentence(pool: NodePoolInfo, nodes_ready: int, jobset: JobSet | None, settings: Settings) -> str:
     if pool.status == "RUNNING" and pool.flex_start and nodes_ready == 0:
         return (
             f"Its flex-start pool {pool.name} exists and waits for GKE to obtain the slice's "
@@ -103,31 +100,27 @@ def _pool_sentence(
 
 
 def explain(
-    pod: Mapping[str, Any],
-    jobset: Mapping[str, Any] | None,
+    pod: Pod,
+    jobset: JobSet | None,
     events: Sequence[Mapping[str, Any]],
     pools: Sequence[NodePoolInfo],
-    nodes: Sequence[Mapping[str, Any]],
+    nodes: Sequence[Node],
     settings: Settings,
+    cluster: ClusterInfo | None = None,
 ) -> str:
-    """One paragraph: where the pod stands with respect to its TPU slice, and what happens next."""
-    who = f"Pod {_name(pod)}"
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    """One paragraph: where the pod stands with respect to its TPU slice, and what happens next;
+    ``cluster`` as GKE describes it (its zones and release channel shape the pool, as in provision)."""
+    who = f"Pod {pod.key}"
     by_pool = {p.name: p for p in pools}
-    node_pool = {
-        str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {})
-        .get("labels", {})
-        .get(labels.NODEPOOL, "")
-        for n in nodes
-    }
+    node_pool = {n.name: n.pool for n in nodes}
     tail = _events_line(events)
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return f"{who} has finished ({status.get('phase')}); it needs no slice any more. {tail}"
-    if spec.get("nodeName"):
-        pool_name = node_pool.get(str(spec["nodeName"]), "")
+    if pod.finished:
+        return f"{who} has finished ({pod.phase}); it needs no slice any more. {tail}"
+    if pod.node_name:
+        pool_name = node_pool.get(pod.node_name, "")
         pool = by_pool.get(pool_name)
         if pool is None:
-            return f"{who} runs on node {spec['nodeName']} (node pool {pool_name or 'unknown'}). {tail}"
+            return f"{who} runs on node {pod.node_name} (node pool {pool_name or 'unknown'}). {tail}"
         owner = pool.owner.describe()
         managed = pool.managed
         whose = (
@@ -135,7 +128,7 @@ def explain(
             if managed
             else "a pool the product does not manage"
         )
-        return f"{who} has its slice: it runs on node {spec['nodeName']} of {pool.name}, {whose}. {tail}"
+        return f"{who} has its slice: it runs on node {pod.node_name} of {pool.name}, {whose}. {tail}"
     try:
         request = slice_request(pod)
     except NotEligible as exc:
@@ -147,31 +140,30 @@ def explain(
             f"{who} claims JobSet {request.slice_id.namespace}/{request.slice_id.jobset}, which does not "
             f"exist; no pool is created for it. {tail}"
         )
-    view = JobSet.of(jobset)
-    if view.suspended:
-        queue = view.meta.labels.get(KUEUE_QUEUE_LABEL)
-        if queue and view.terminal is None:
+    if jobset.suspended:
+        queue = jobset.meta.labels.get(KUEUE_QUEUE_LABEL)
+        if queue and jobset.terminal is None:
             return (
-                f"{who} waits for Kueue: its JobSet {_name(jobset)} is suspended in queue {queue} until its "
-                f"quota fits; pools are requested once Kueue admits it. {tail}"
+                f"{who} waits for Kueue: its JobSet {jobset.meta.namespace}/{jobset.meta.name} is suspended "
+                f"in queue {queue} until its quota fits; pools are requested once Kueue admits it. {tail}"
             )
-    problem = jobset_problem(view, request.slice_id)
+    problem = jobset_problem(jobset, request.slice_id)
     if problem:
         return f"{who} gets no new pool: {problem}. {tail}"
     try:
-        # The capacity provision asks for now: the policy's first option, or the fallback the
-        # slice's failure record names (shared.provisioning.create.fallback.Attempts).
-        options = slice_options(settings, request.demand, policy_of(settings, view))
-        option = Attempts(options, backoff.failures(view)).option(request.pool_name)
-        pool_spec, shape = build_node_pool(settings, request, option=option)
+        # The create provision would send now, planned as the engine plans it: on the policy's first
+        # option, or the fallback the slice's failure record names.
+        failures = backoff.failures(jobset)
+        [create] = engine.plan(settings, cluster, jobset, [request], Specs(settings, cluster), failures)
     except catalog.UnsupportedShape as exc:
         return f"{who} asks for a TPU shape the catalog does not offer: {exc}. {tail}"
     except Refused as exc:
         return f"{who} was refused a slice: {exc.why}. {tail}"
+    pool_spec, shape = create.spec, create.shape
     pool = by_pool.get(pool_spec.name)
     needs = (
         f"It needs {shape.machine_type} x {shape.num_vms} ({shape.total_chips} chips, {shape.topology}) "
-        f"on {option.key}."
+        f"on {capacity.key_of_spec(pool_spec)}."
     )
     needs = f"{needs} {_selectors_sentence(request.selected, pool_spec, shape.topology)}".rstrip()
     misfit = selectors.misfit(request.selected, pool, pool_spec) if pool is not None else ""
@@ -188,13 +180,5 @@ def explain(
             f"FailedScheduling event, or the reconcile sweep does within 5 minutes. If neither happens, "
             f"check the pending-tpu-pods log sink and the provision dead-letter topic. {tail}"
         )
-    ready = sum(
-        1
-        for n in nodes
-        if node_pool.get(str((n.get("metadata") or {}).get("name"))) == pool.name
-        and any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (n.get("status") or {}).get("conditions") or []
-        )
-    )
+    ready = sum(1 for n in nodes if n.pool == pool.name and n.ready)
     return f"{who}: {needs} {_pool_sentence(pool, ready, jobset, settings)} {tail}"

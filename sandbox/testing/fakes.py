@@ -339,11 +339,12 @@ class FakeKube:
 
     def list_pods(
         self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Pods, filtered by namespace, label selector and field selector."""
+    ) -> list[Pod]:
+        """Pods, filtered by namespace, label selector and field selector (parsed, as the adapter
+        returns them)."""
         self._read()
         found = [
-            copy.deepcopy(p)
+            Pod.parse(p)
             for (ns, _), p in sorted(self.pods.items())
             if (namespace is None or ns == namespace)
             and _label_match(p["metadata"].get("labels") or {}, label_selector)

@@ -79,10 +79,12 @@ class KubeClient:
 
     def list_pods(
         self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Pods, optionally in one namespace and filtered by label and field selectors (paged)."""
+    ) -> list[Pod]:
+        """Pods, optionally in one namespace and filtered by label and field selectors (paged),
+        each parsed here into the view ``get_pod`` returns."""
         path = f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
-        return self._list(path, {"labelSelector": label_selector, "fieldSelector": field_selector})
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        return [Pod.parse(pod) for pod in self._list(path, query)]
 
     def list_nodes(self, label_selector: str = "") -> list[Node]:
         """Nodes, optionally filtered by a label selector, parsed at the boundary."""

@@ -91,7 +91,9 @@ class WorkloadPolicyAPI(Protocol):
 
 
 class KubeAPI(Protocol):
-    """The Kubernetes calls the provision/release/reconcile services make. Objects are JSON dicts."""
+    """The Kubernetes calls the provision/release/reconcile services make. Pods, Nodes, Jobs, JobSets
+    and Workloads come back as the frozen views of ``shared.tpu``, parsed at the adapter; the
+    ClusterQueue and ResourceFlavor reads and an Event's involved object stay JSON dicts."""
 
     def get_pod(self, namespace: str, name: str) -> Pod:
         """One pod, parsed at the adapter into the view every decision reads. Raises NotFoundError."""
@@ -99,9 +101,9 @@ class KubeAPI(Protocol):
 
     def list_pods(
         self, namespace: str | None = None, label_selector: str = "", field_selector: str = ""
-    ) -> list[dict[str, Any]]:
+    ) -> list[Pod]:
         """Pods, optionally in one namespace and filtered by label and field selectors (server side,
-        e.g. ``spec.nodeName=N,status.phase!=Succeeded``)."""
+        e.g. ``spec.nodeName=N,status.phase!=Succeeded``), parsed at the adapter like ``get_pod``."""
         ...
 
     def list_nodes(self, label_selector: str = "") -> list[Node]:

@@ -16,7 +16,6 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from shared.cloud.retry import Budget
@@ -98,11 +97,8 @@ class Provisioner:
             return logged(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
         return self.provision_pod(pod)
 
-    def provision_pod(self, pod: Pod | Mapping[str, Any], pools: list[NodePoolInfo] | None = None) -> Outcome:
-        """Request the slice a pending pod needs (``pools``: a listing the caller already has). A pod
-        as the API returned it is parsed into its view here, once."""
-        if not isinstance(pod, Pod):
-            pod = Pod.parse(pod)
+    def provision_pod(self, pod: Pod, pools: list[NodePoolInfo] | None = None) -> Outcome:
+        """Request the slice a pending pod needs (``pools``: a listing the caller already has)."""
         # Every decision line about this pod carries the JobSet it claims to belong to.
         with logs.bound(**pod.log_field()):
             return self._provision_pod(pod, pools)

@@ -72,7 +72,7 @@ class Services:
         self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster, self.releaser)
         # The one route from a group of slices to its creates, on the collaborators above.
         self.engine = SliceGroupEngine(
-            settings, gke, kube, self.slots, self.fallback, self.spending, policies
+            settings, gke, kube, self.slots, self.fallback, self.spending, policies, self.cluster
         )
         self._cluster: ClusterInfo | None = None
         self._cluster_lock = threading.Lock()

@@ -5,8 +5,6 @@ The ``JobSet`` view the adapter parses each JobSet into, and pure functions over
 * reading a JobSet: ``JobSet.terminal`` (the one answer to "has it ended"), ``condition``,
   ``replicated_job``, ``replicas_of``, ``jobset_problem``, ``jobset_ref`` (each also takes the API's
   JSON, which it parses);
-* reading a listed pod's JobSet identity (JobSet labels, or annotations where labels are cut):
-  ``pod_jobset_value`` (a pod being provisioned is read through ``shared.tpu.pods.Pod``);
 * ``expand_pods`` mirrors what the JobSet and Job controllers put on each pod (labels, annotations,
   nodeSelector, requests), so ``tpuprov plan``, the sandbox's simulated controller and the tests all
   derive pools through the very code path the provision function runs on real pods.
@@ -32,12 +30,6 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
-
-
-def pod_jobset_value(pod: Mapping[str, Any], key: str) -> Any:
-    """A JobSet identity key of a pod: its label, else its annotation (labels are cut at 63 chars)."""
-    meta = Meta.of(pod)
-    return meta.labels.get(key) or meta.annotations.get(key)
 
 
 def job_uid(jobset_uid: str, job: str, restart_attempt: int = 0) -> str:

@@ -1,8 +1,8 @@
 """A pod as the product reads it: one frozen view parsed once from the API's JSON.
 
-Every decision about a pending pod (is it a TPU JobSet pod, which slice, whose pool, how long it
-waited) reads this view: the Kubernetes adapter's ``get_pod`` returns it, and pods listed in bulk (a
-sweep's pending pods, a pool's occupants) are parsed with ``Pod.parse`` where they are decided on.
+Every decision about a pod (is it a TPU JobSet pod, which slice, whose pool, how long it waited,
+does it occupy a node) reads this view: the Kubernetes adapter's ``get_pod`` and ``list_pods`` (a
+sweep's pending pods, a pool's occupants) return it, and so does the CLI's ``ClusterView``.
 The parse never raises: what it finds wrong in a TPU request is kept as ``tpu_problem`` and refused
 by ``shared.tpu.slices.slice_request`` in its turn, after the checks that skip a pod quietly.
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,8 +17,11 @@ from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fakes import FakeGke
 from shared.core import labels
 from shared.core.settings import Settings
-from shared.tpu.jobsets import expand_jobs, expand_pods
+from shared.tpu.jobsets import JobSet, expand_jobs, expand_pods
 from shared.tpu.nodepools import NodePoolInfo
+from shared.tpu.nodes import Node
+from shared.tpu.owners import Job
+from shared.tpu.pods import Pod
 from shared.tpu.slices import build_node_pool, slice_request
 from tpuprov import status
 
@@ -64,6 +68,29 @@ def _pool() -> NodePoolInfo:
 
 POOL = _pool()
 NODE = {"metadata": {"name": "n-0", "labels": {labels.NODEPOOL: POOL.name}, "creationTimestamp": _ago(3600)}}
+
+
+def _rows(
+    pools: list[NodePoolInfo],
+    jobsets: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    prices: status.Prices,
+    now: datetime.datetime,
+    settings: Settings,
+    jobs: Sequence[dict[str, Any]] = (),
+) -> list[status.PoolRow]:
+    """``status.pool_rows`` on the objects as the CLI's ClusterView reads them (parsed views)."""
+    return status.pool_rows(
+        pools,
+        [JobSet.parse(js) for js in jobsets],
+        [Pod.parse(p) for p in pods],
+        [Node.parse(n) for n in nodes],
+        prices,
+        now,
+        settings,
+        jobs=[Job.parse(j) for j in jobs],
+    )
 
 
 def _running_pod(jobset: dict[str, Any]) -> dict[str, Any]:
@@ -189,12 +216,12 @@ def test_status_row_says_what_the_release_path_does_next(
 ) -> None:
     # The Jobs the JobSet controller made: through them a pod on the pool is proven its JobSet's own.
     jobs = [job for js in jobsets for job in expand_jobs(js)]
-    assert status.pool_rows([pool], jobsets, pods, [NODE], PRICES, NOW, SETTINGS, jobs=jobs) == [expected]
+    assert _rows([pool], jobsets, pods, [NODE], PRICES, NOW, SETTINGS, jobs=jobs) == [expected]
 
 
 def test_a_pod_that_only_names_a_jobset_holds_nothing() -> None:
     # Labels are the pod's own word: without its Job proving it the JobSet's, it does not occupy the pool.
-    [row] = status.pool_rows(
+    [row] = _rows(
         [POOL],
         [_jobset("new", NEW_UID)],
         [_running_pod(_jobset("new", NEW_UID))],
@@ -207,7 +234,7 @@ def test_a_pod_that_only_names_a_jobset_holds_nothing() -> None:
 
 
 def test_drain_mode_holds_nothing_for_queued_jobsets() -> None:
-    [row] = status.pool_rows(
+    [row] = _rows(
         [POOL],
         [_jobset("next", NEXT_UID, suspend=True)],
         [],
@@ -220,9 +247,7 @@ def test_drain_mode_holds_nothing_for_queued_jobsets() -> None:
 
 
 def test_the_table_explains_every_pool_not_simply_in_use() -> None:
-    rows = status.pool_rows(
-        [POOL], [_jobset("old", OLD_UID, "Completed", since=60)], [], [NODE], PRICES, NOW, SETTINGS
-    )
+    rows = _rows([POOL], [_jobset("old", OLD_UID, "Completed", since=60)], [], [NODE], PRICES, NOW, SETTINGS)
     text = status.render_table(rows, PRICES)
     assert text.splitlines()[0].split()[:5] == ["POOL", "OWNER", "OWNER-STATE", "STATE", "NEXT"]
     assert text.endswith(f"\n{POOL.name}: keep: JobSet team-a/old completed 60s ago; grace is 600s\n")

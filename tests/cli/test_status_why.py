@@ -9,6 +9,7 @@ JobSet uids are fixed and the clock is pinned, so names, ages and costs are stab
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -25,7 +26,8 @@ from shared.cloud.kube import connect
 from shared.core import labels
 from shared.core.settings import Settings
 from shared.provisioning.release.releaser import Releaser
-from shared.tpu.jobsets import expand_jobs, expand_pods, link_pods
+from shared.tpu.jobsets import JobSet, expand_jobs, expand_pods, link_pods
+from shared.tpu.nodes import Node
 from shared.tpu.slices import build_node_pool, slice_request
 from tpuprov import status
 from tpuprov.cluster import ClusterView
@@ -141,9 +143,8 @@ def cluster(world: Any) -> dict[str, Any]:
 
 
 def _rows(view: ClusterView) -> list[status.PoolRow]:
-    nodes = view.nodes()
-    for node in nodes:  # the API server stamps nodes with the wall clock: pin them to the fixture's time
-        node["metadata"]["creationTimestamp"] = CREATED
+    # The API server stamps nodes with the wall clock: pin them to the fixture's time.
+    nodes = [dataclasses.replace(node, created=CREATED) for node in view.nodes()]
     prices = status.Prices.load()
     return status.pool_rows(
         view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, view.settings, jobs=view.jobs()
@@ -219,15 +220,15 @@ def test_status_command_json_and_leaks(
 
 
 def _why(view: ClusterView, namespace: str, name: str) -> str:
-    pod = {"apiVersion": "v1", "kind": "Pod", **view.pod(namespace, name)}
-    jobset_name = pod["metadata"]["labels"][labels.JOBSET_NAME]
+    pod = view.pod(namespace, name)
     return explain(
         pod,
-        view.jobset(namespace, jobset_name),
-        view.events_about(pod),
+        view.jobset(namespace, pod.labels[labels.JOBSET_NAME]),
+        view.events_about("Pod", namespace, name, pod.uid),
         view.pools(),
         view.nodes(),
         view.settings,
+        view.cluster(),
     )
 
 
@@ -281,10 +282,10 @@ def test_a_flex_start_pool_without_nodes_shows_as_waiting_and_costs_nothing() ->
     prices = status.Prices({"v6e": {"flex-start": 1.0, "on-demand": 2.7}})
     now = datetime.datetime.now(tz=datetime.UTC)
     jobset = tpu_jobset("flex", "team-a")
-    [row] = status.pool_rows([pool], [jobset], [], [], prices, now, Settings())
+    [row] = status.pool_rows([pool], [JobSet.parse(jobset)], [], [], prices, now, Settings())
     assert (row.state, row.nodes, row.capacity, row.cost_per_hour) == ("WAITING", 0, "flex-start", 0.0)
-    node = {"metadata": {"name": "n1", "labels": {labels.NODEPOOL: pool.name}}}
-    [row] = status.pool_rows([pool], [jobset], [], [node], prices, now, Settings())
+    node = Node("n1", {labels.NODEPOOL: pool.name})
+    [row] = status.pool_rows([pool], [JobSet.parse(jobset)], [], [node], prices, now, Settings())
     assert (row.state, row.nodes) == ("RUNNING", 1) and row.cost_per_hour
 
 
@@ -295,9 +296,7 @@ def test_status_notes_pools_built_under_settings_since_changed(cluster: dict[str
     changed = view.settings.with_overrides(
         node_service_account="tpu-nodes@test-proj.iam.gserviceaccount.com", disk_size_gb=200
     )
-    nodes = view.nodes()
-    for node in nodes:
-        node["metadata"]["creationTimestamp"] = CREATED
+    nodes = [dataclasses.replace(node, created=CREATED) for node in view.nodes()]
     prices = status.Prices.load()
     rows = status.pool_rows(
         view.pools(), view.jobsets(), view.pods(), nodes, prices, NOW, changed, jobs=view.jobs()

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace, denial_log: Any = None) -> int:
     permission denials."""
     from shared.core import labels
     from shared.core.errors import NotFoundError, TpuProvError
+    from shared.tpu.pods import Pod
     from tpuprov import output
     from tpuprov.cluster import ClusterView, settings_from
     from tpuprov.why import explain
@@ -76,33 +77,31 @@ def run(args: argparse.Namespace, denial_log: Any = None) -> int:
                 print(f"tpuprov why: JobSet {namespace}/{name} not found", file=sys.stderr)
                 return 2
             # One pod per slice: the Job's first pod speaks for its pool.
-            leaders: dict[tuple[Any, Any], dict[str, Any]] = {}
-            for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
-                pod_labels = (pod.get("metadata") or {}).get("labels") or {}
-                key = (pod_labels.get(labels.REPLICATED_JOB_NAME), pod_labels.get(labels.JOB_INDEX))
+            leaders: dict[tuple[str | None, str | None], Pod] = {}
+            for pod in sorted(pods, key=lambda p: p.name):
+                key = (pod.labels.get(labels.REPLICATED_JOB_NAME), pod.labels.get(labels.JOB_INDEX))
                 leaders.setdefault(key, pod)
             if not leaders and args.output == "table":
                 print(f"JobSet {namespace}/{name} has no pods (suspended, or not started yet).")
                 return 0
-            pools, nodes = view.pools(), view.nodes()
+            pools, nodes, cluster = view.pools(), view.nodes(), view.cluster()
             for pod in leaders.values():
-                pod = {"apiVersion": "v1", "kind": "Pod", **pod}
-                explained = explain(pod, jobset, view.events_about(pod), pools, nodes, settings)
-                said.append((f"{namespace}/{pod['metadata'].get('name', '')}", explained))
+                events = view.events_about("Pod", pod.namespace, pod.name, pod.uid)
+                explained = explain(pod, jobset, events, pools, nodes, settings, cluster)
+                said.append((pod.key, explained))
         else:
             try:
-                pod = {"apiVersion": "v1", "kind": "Pod", **view.pod(namespace, name)}
+                pod = view.pod(namespace, name)
             except NotFoundError:
                 print(f"tpuprov why: pod {namespace}/{name} not found", file=sys.stderr)
                 return 2
-            jobset_name = ((pod.get("metadata") or {}).get("labels") or {}).get(labels.JOBSET_NAME)
+            jobset_name = pod.jobset_value(labels.JOBSET_NAME)
             jobset = view.jobset(namespace, jobset_name) if jobset_name else None
-            events = view.events_about(pod)
+            events = view.events_about("Pod", pod.namespace, pod.name, pod.uid)
             if jobset is not None:
-                events += view.events_about({"apiVersion": "", "kind": "JobSet", **jobset})
-            said.append(
-                (f"{namespace}/{name}", explain(pod, jobset, events, view.pools(), view.nodes(), settings))
-            )
+                events += view.events_about("JobSet", namespace, jobset.meta.name, jobset.meta.uid)
+            explained = explain(pod, jobset, events, view.pools(), view.nodes(), settings, view.cluster())
+            said.append((pod.key, explained))
     except TpuProvError as exc:
         print(f"tpuprov why: {exc.why}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ state); none of them sends a create any other way.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
@@ -47,12 +47,43 @@ from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budg
 from shared.provisioning.tenancy.spending import Spending
 from shared.tpu import catalog
 from shared.tpu.jobsets import JobSet, jobset_ref
-from shared.tpu.nodepools import NodePoolInfo
-from shared.tpu.slices import SliceRequest
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo
+from shared.tpu.slices import SliceRequest, policy_of, slice_options
 
 
 def _chips(item: Create) -> int:
     return (catalog.machine_type_chips(item.spec.machine_type) or 0) * item.spec.node_count
+
+
+def plan(
+    settings: Settings,
+    cluster: ClusterInfo | None,
+    jobset: JobSet | None,
+    requests: Sequence[SliceRequest],
+    specs: Specs,
+    failures: Mapping[str, backoff.Failure],
+    note: str = "",
+) -> list[Create]:
+    """The creates of ``jobset``'s slices ``requests``, in order: each on its next attempt's capacity
+    option (``Attempts`` over the replicated job's policy on ``cluster`` and ``failures``), its spec
+    from ``specs`` (built once per slice and option); ``note`` ends each create's reason. Raises
+    ``SliceRefused`` for the first slice no pool can be built for.
+
+    Pure: the engine plans a delivery's group with it, and ``tpuprov why`` says what the next
+    create of a pending pod's slice would be with it, so the two cannot differ."""
+    attempts: dict[str, Attempts] = {}  # one per replicated job: its slices share the policy
+    wanted: list[Create] = []
+    for request in requests:
+        rjob = request.slice_id.replicated_job
+        try:
+            if rjob not in attempts:
+                options = slice_options(settings, request.demand, policy_of(settings, jobset), cluster)
+                attempts[rjob] = Attempts(options, failures)
+            spec, shape = specs.of(request, attempts[rjob].option(request.pool_name))
+        except Refused as exc:
+            raise SliceRefused(request, exc.why) from exc
+        wanted.append(Create.of(request, spec, shape, note))
+    return wanted
 
 
 class SliceRefused(Refused):
@@ -103,6 +134,7 @@ class SliceGroupEngine:
         fallback: Fallback,
         spending: Spending,
         policies: WorkloadPolicies | None,
+        cluster: Callable[[], ClusterInfo],
     ) -> None:
         """The instance's collaborators (``shared.provisioning.services`` builds one engine with them):
         its one slot and quota account, its capacity fallback, its budgets and its tpu7x policies."""
@@ -113,6 +145,7 @@ class SliceGroupEngine:
         self.fallback = fallback
         self.spending = spending
         self.policies = policies
+        self.cluster = cluster
 
     def plan(
         self,
@@ -122,22 +155,8 @@ class SliceGroupEngine:
         failures: Mapping[str, backoff.Failure],
         note: str = "",
     ) -> list[Create]:
-        """The creates of ``jobset``'s slices ``requests``, in order: each on its next attempt's
-        capacity option (``Attempts`` over the replicated job's policy and ``failures``), its spec from
-        ``specs`` (built once per slice and option); ``note`` ends each create's reason. Raises
-        ``SliceRefused`` for the first slice no pool can be built for."""
-        attempts: dict[str, Attempts] = {}  # one per replicated job: its slices share the policy
-        wanted: list[Create] = []
-        for request in requests:
-            rjob = request.slice_id.replicated_job
-            try:
-                if rjob not in attempts:
-                    attempts[rjob] = Attempts(self.fallback.options(request, jobset), failures)
-                spec, shape = specs.of(request, attempts[rjob].option(request.pool_name))
-            except Refused as exc:
-                raise SliceRefused(request, exc.why) from exc
-            wanted.append(Create.of(request, spec, shape, note))
-        return wanted
+        """``plan`` on the instance's cluster (read once per instance)."""
+        return plan(self.settings, self.cluster(), jobset, requests, specs, failures, note)
 
     def charge(self, namespace: str, items: Sequence[Create], pools: list[NodePoolInfo]) -> Charged:
         """The creates ``namespace`` may pay for now, each reserved against its budgets in order."""
@@ -218,4 +237,4 @@ class SliceGroupEngine:
         return sent
 
 
-__all__ = ["Charged", "Sent", "SliceGroupEngine", "SliceRefused"]
+__all__ = ["Charged", "Sent", "SliceGroupEngine", "SliceRefused", "plan"]

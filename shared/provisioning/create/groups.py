@@ -35,7 +35,7 @@ class Specs:
     slice no pool can be.
     """
 
-    def __init__(self, settings: Settings, cluster: ClusterInfo) -> None:
+    def __init__(self, settings: Settings, cluster: ClusterInfo | None) -> None:
         self.settings = settings
         self.cluster = cluster
         self._built: dict[tuple[str, str], tuple[NodePoolSpec, catalog.SliceShape]] = {}
@@ -55,12 +55,14 @@ class Specs:
 
 @dataclasses.dataclass(frozen=True)
 class Create:
-    """One pool to request: the slice, the pool spec, its description and why it is created."""
+    """One pool to request: the slice, the pool spec and its shape, its description and why it is
+    created."""
 
     request: SliceRequest
     spec: NodePoolSpec
     slice_desc: str
     why: str  # the create's reason, logged and sent to GKE as its operation's description
+    shape: catalog.SliceShape
 
     @classmethod
     def of(
@@ -72,7 +74,7 @@ class Create:
             f"{slice_desc} pending: {shape.num_vms} x {shape.machine_type} "
             f"({request.accelerator} {shape.topology}, {shape.total_chips} chips)"
         )
-        return cls(request, spec, slice_desc, f"{why} {note}" if note else why)
+        return cls(request, spec, slice_desc, f"{why} {note}" if note else why, shape)
 
 
 @dataclasses.dataclass(frozen=True)

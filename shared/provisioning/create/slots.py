@@ -38,7 +38,6 @@ from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.cloud.retry import Budget
 from shared.core import labels, logs
 from shared.core.errors import NotEligible, OperationLimitError, Refused, RequestQuotaError, TpuProvError
-from shared.core.meta import Meta
 from shared.core.settings import Settings
 from shared.provisioning.create.fanout import FanOut, fan_out
 from shared.provisioning.create.known import KnownPools, group_of
@@ -259,7 +258,7 @@ class Slots:
     def resume(
         self,
         known: KnownPools,
-        provision: Callable[[dict[str, Any], list[NodePoolInfo]], Outcome],
+        provision: Callable[[Pod, list[NodePoolInfo]], Outcome],
         pool: str = "",
     ) -> list[str]:
         """Request waiting slices (pending JobSet pods without their pool), oldest pod first, while
@@ -275,14 +274,13 @@ class Slots:
             known.forget(pool)
         cluster = self.settings.cluster_path
         pods = self.kube.list_pods(label_selector=labels.JOBSET_NAME, field_selector="status.phase=Pending")
-        pods.sort(key=lambda p: Meta.of(p).created)
+        pods.sort(key=lambda p: p.created_at or 0.0)
         pools = self.gke.list_node_pools(cluster)
         requested: list[str] = []
         done: set[str] = set()
         for pod in pods:
             try:
-                view = Pod.parse(pod)
-                request = slice_request(view)
+                request = slice_request(pod)
             except (NotEligible, Refused):
                 continue
             name = request.pool_name
@@ -295,7 +293,7 @@ class Slots:
             # landed after the listing above): wait for it, and leave a pool it just created alone
             # instead of sending a second create that GKE answers 409.
             with known.single_flight(group_of(request.slice_id)):
-                if existing is None and known.known(name, view.created_at):
+                if existing is None and known.known(name, pod.created_at):
                     done.add(name)
                     continue
                 outcome = provision(pod, pools)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable
-from typing import Any
 
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
 from shared.core.errors import NotFoundError
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.nodes import Node
+from shared.tpu.pods import Pod
 
 log = logs.get("release")
 
@@ -51,7 +51,7 @@ class PoolGuard:
         """The pool's Kubernetes Nodes (GKE labels each with its pool name)."""
         return self.kube.list_nodes(f"{labels.NODEPOOL}={pool.name}")
 
-    def pods_on(self, nodes: list[Node]) -> list[dict[str, Any]]:
+    def pods_on(self, nodes: list[Node]) -> list[Pod]:
         """Every non-terminal pod bound to one of ``nodes`` (server-side field selectors).
 
         A small pool costs one read per node; a large one (a 64-host slice) one paged read of every
@@ -59,13 +59,13 @@ class PoolGuard:
         """
         live = "status.phase!=Succeeded,status.phase!=Failed"
         if len(nodes) <= PER_NODE_READS:
-            pods: list[dict[str, Any]] = []
+            pods: list[Pod] = []
             for node in nodes:
                 pods.extend(self.kube.list_pods(field_selector=f"spec.nodeName={node.name},{live}"))
             return pods
         names = {node.name for node in nodes}
         bound = self.kube.list_pods(field_selector=f"spec.nodeName!=,{live}")
-        return [pod for pod in bound if (pod.get("spec") or {}).get("nodeName") in names]
+        return [pod for pod in bound if pod.node_name in names]
 
     def cordon(self, pool: NodePoolInfo, nodes: list[Node], why: str) -> None:
         """Cordon every node of the pool, then wait the settle time.

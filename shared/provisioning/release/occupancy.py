@@ -22,11 +22,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
 
 from shared.core import labels
 from shared.core.errors import NotEligible, Refused
-from shared.core.meta import Meta
 from shared.core.names import label_value_problem
 from shared.core.settings import Settings
 from shared.tpu import capacity, catalog
@@ -36,7 +34,7 @@ from shared.tpu.jobsets import JobSet, is_suspended, terminal_condition
 from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Chain
-from shared.tpu.pods import FINISHED_PHASES, Pod
+from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest, build_node_pool, policy_of, slice_options
 
 # Kueue manages a job that names a LocalQueue with this label (Kueue's constants.QueueLabel).
@@ -150,25 +148,18 @@ def is_live(jobset: JobSet | None) -> bool:
 PodKey = tuple[str, str]  # (namespace, name) of a pod
 
 
-def _requests_tpu(pod: Mapping[str, Any]) -> bool:
-    return Pod.parse(pod).tpu_chips > 0
-
-
-def _running_on(
-    pool: NodePoolInfo, nodes: Iterable[Node], pods: Iterable[Mapping[str, Any]]
-) -> Iterator[Mapping[str, Any]]:
+def _running_on(pool: NodePoolInfo, nodes: Iterable[Node], pods: Iterable[Pod]) -> Iterator[Pod]:
     """The pods bound to one of the pool's nodes that have not finished."""
     names = {n.name for n in nodes if n.pool == pool.name}
     for pod in pods:
-        bound = (pod.get("spec") or {}).get("nodeName") in names
-        if bound and (pod.get("status") or {}).get("phase") not in FINISHED_PHASES:
+        if pod.node_name in names and not pod.finished:
             yield pod
 
 
 def occupants(
     pool: NodePoolInfo,
     nodes: Iterable[Node],
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Pod],
     jobsets: Mapping[tuple[str, str], JobSet | None],
     chains: Mapping[PodKey, Chain],
 ) -> list[Occupant]:
@@ -183,9 +174,8 @@ def occupants(
     """
     found: dict[tuple[str, str, str], list[Chain]] = {}
     for pod in _running_on(pool, nodes, pods):
-        meta = Meta.of(pod)
-        chain = chains.get((meta.namespace, meta.name))
-        if chain is None or not _requests_tpu(pod):
+        chain = chains.get((pod.namespace, pod.name))
+        if chain is None or pod.tpu_chips <= 0:
             continue
         jobset = jobsets.get((chain.namespace, chain.jobset))
         if jobset is None or not is_live(jobset) or is_suspended(jobset):
@@ -212,7 +202,7 @@ def occupants(
 def pretenders(
     pool: NodePoolInfo,
     nodes: Iterable[Node],
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Pod],
     chains: Mapping[PodKey, Chain],
 ) -> list[str]:
     """``namespace/name`` of each running pod on the pool's nodes that names a JobSet in its labels
@@ -220,10 +210,8 @@ def pretenders(
     them, and the release's Event says so (a tenant's bare pod pinned to another team's node)."""
     found = []
     for pod in _running_on(pool, nodes, pods):
-        meta = Meta.of(pod)
-        claims = meta.labels.get(labels.JOBSET_NAME) or meta.annotations.get(labels.JOBSET_NAME)
-        if claims and (meta.namespace, meta.name) not in chains:
-            found.append(f"{meta.namespace}/{meta.name}")
+        if pod.jobset_value(labels.JOBSET_NAME) and (pod.namespace, pod.name) not in chains:
+            found.append(pod.key)
     return sorted(found)
 
 
@@ -248,7 +236,7 @@ def adopted_labels(pool: NodePoolInfo, occupant: Occupant) -> dict[str, str]:
 
 def last_runs(
     nodes: Iterable[Node],
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Pod],
     chains: Mapping[PodKey, Chain],
     namespace: str,
     name: str,
@@ -263,13 +251,12 @@ def last_runs(
     pool_of = {n.name: n.pool for n in nodes}
     held: dict[str, list[Chain]] = {}
     for pod in pods:
-        meta = Meta.of(pod)
-        chain = chains.get((meta.namespace, meta.name))
+        chain = chains.get((pod.namespace, pod.name))
         if chain is None or (chain.namespace, chain.jobset) != (namespace, name):
             continue
         if uid and chain.jobset_uid != uid:
             continue  # an older JobSet of that name ran there, not this one
-        pool = pool_of.get(str((pod.get("spec") or {}).get("nodeName") or ""), "")
+        pool = pool_of.get(pod.node_name, "")
         if pool:
             held.setdefault(pool, []).append(chain)
     return {

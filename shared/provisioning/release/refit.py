@@ -23,7 +23,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels
@@ -32,20 +31,15 @@ from shared.core.settings import Settings
 from shared.provisioning.outcomes import REFUSED, REPLACED, WAITING, Outcome, logged
 from shared.provisioning.release.guard import PoolGuard
 from shared.tpu import drift
-from shared.tpu.jobsets import jobset_ref, pod_jobset_value
+from shared.tpu.jobsets import jobset_ref
 from shared.tpu.nodepools import STATUS_RUNNING, STATUS_RUNNING_WITH_ERROR, NodePoolInfo, NodePoolSpec
-from shared.tpu.pods import FINISHED_PHASES, Pod
+from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest
 
 
-def _jobset_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _jobset_pods(pods: list[Pod]) -> list[Pod]:
     # A DaemonSet's pod runs on every node and holds nothing; any live JobSet pod holds the pool.
-    return [
-        p
-        for p in pods
-        if pod_jobset_value(p, labels.JOBSET_NAME)
-        and (p.get("status") or {}).get("phase") not in FINISHED_PHASES
-    ]
+    return [p for p in pods if p.jobset_value(labels.JOBSET_NAME) and not p.finished]
 
 
 def _owned_by_slice(pool: NodePoolInfo, request: SliceRequest) -> bool:

@@ -222,14 +222,12 @@ class Releaser:
         if not others:
             return {}
         pods = self.kube.list_pods(namespace, label_selector=f"{labels.JOBSET_NAME}={name}")
-        if not any((pod.get("spec") or {}).get("nodeName") for pod in pods):
+        if not any(pod.node_name for pod in pods):
             return {}
         nodes = self.kube.list_nodes(MANAGED_NODES)
         pool_of = {n.name: n.pool for n in nodes}
         # Only pods bound to another JobSet's pool need proving their JobSet's own.
-        candidates = [
-            p for p in pods if pool_of.get(str((p.get("spec") or {}).get("nodeName") or "")) in others
-        ]
+        candidates = [p for p in pods if pool_of.get(p.node_name) in others]
         chains = PodChains(self.owners, jobsets).of(candidates)
         ran = occupancy.last_runs(nodes, candidates, chains, namespace, name, uid)
         return {pool: user for pool, user in ran.items() if pool in others}

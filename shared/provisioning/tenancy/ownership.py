@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from shared.cloud.ports import KubeAPI
 from shared.core import labels
@@ -143,25 +142,23 @@ class PodChains:
             self._jobs[key] = self.owners.job(namespace, name)
         return self._jobs[key]
 
-    def of(self, pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Chain]:
+    def of(self, pods: Iterable[Pod]) -> dict[tuple[str, str], Chain]:
         """The chain of each pod that has one, by (namespace, name)."""
         pods = list(pods)
         for pod in pods:  # read what the pure check needs, each Job and JobSet once
-            meta = pod.get("metadata") or {}
-            namespace = str(meta.get("namespace") or "default")
-            controller = owners.controller_of(meta.get("ownerReferences"))
+            controller = pod.controller
             if controller is None or controller.kind != "Job" or controller.group != owners.BATCH_GROUP:
                 continue
-            job = self._job(namespace, controller.name)
+            job = self._job(pod.namespace, controller.name)
             if job is not None and job.controller is not None and job.controller.kind == "JobSet":
-                key = (namespace, job.controller.name)
+                key = (pod.namespace, job.controller.name)
                 if key not in self.jobsets:
                     self.jobsets[key] = self.owners.jobset(*key)
         return chains_of(pods, self._jobs, self.jobsets)
 
 
 def chains_of(
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Pod],
     jobs: Mapping[tuple[str, str], Job | None],
     jobsets: Mapping[tuple[str, str], JobSet | None],
 ) -> dict[tuple[str, str], Chain]:
@@ -170,9 +167,7 @@ def chains_of(
     exactly as release does."""
     found: dict[tuple[str, str], Chain] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-        controller = owners.controller_of(meta.get("ownerReferences"))
+        namespace, name, controller = pod.namespace, pod.name, pod.controller
         if controller is None:
             continue
         job = jobs.get((namespace, controller.name))

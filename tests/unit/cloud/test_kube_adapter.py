@@ -72,7 +72,7 @@ def test_pods_are_filtered_by_field_selectors_on_the_server(
     world.kube.put(pod("done", "n-1", "Succeeded"))
     world.kube.put(pod("wait", "", "Pending"))
     found = entry.runtime().kube().list_pods(label_selector=labels.JOBSET_NAME, field_selector=selector)
-    assert sorted(p["metadata"]["name"] for p in found) == expected
+    assert sorted(p.name for p in found) == expected
 
 
 def test_repeated_events_are_aggregated_into_one_object(world: Any) -> None:

@@ -28,6 +28,7 @@ from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Chain
+from shared.tpu.pods import Pod
 from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.releases import (
     CLUSTER,
@@ -312,11 +313,12 @@ def test_last_runs_groups_the_jobsets_pods_by_pool_of_any_phase() -> None:
         return Chain(meta["namespace"], "b", uid, "slice", 1, "b-slice-1")
 
     chains = {(p["metadata"]["namespace"], p["metadata"]["name"]): chain(p) for p in pods[:5]}
-    assert occupancy.last_runs(nodes, pods, chains, "team-a", "b", "u-b") == {
+    views = [Pod.parse(p) for p in pods]  # as the adapter lists them
+    assert occupancy.last_runs(nodes, views, chains, "team-a", "b", "u-b") == {
         "p1": Occupant("team-a", "b", "u-b", "slice", "1", 2)
     }
     # Without the event's uid (a deletion) every proven pod of that name counts, its uid its Job's.
-    assert set(occupancy.last_runs(nodes, pods, chains, "team-a", "b", "")) == {"p1", "p2"}
+    assert set(occupancy.last_runs(nodes, views, chains, "team-a", "b", "")) == {"p1", "p2"}
 
 
 def test_billing_labels_are_the_ones_a_created_pool_gets() -> None:

@@ -178,9 +178,8 @@ def test_concurrent_fan_out_creates_each_pool_once_and_records_every_outcome():
     pods = submit(kube, replicas=12)
     gke.add(CLUSTER, NodePoolInfo(name="unrelated", status="RUNNING"))
     gke.fail("create", "rejected")  # one of the twelve is refused for good
-    outcome = Provisioner(Services(SETTINGS.with_overrides(create_concurrency=5), gke, kube)).provision_pod(
-        pods[0]
-    )
+    service = Provisioner(Services(SETTINGS.with_overrides(create_concurrency=5), gke, kube))
+    outcome = service.provision_pod(kube.get_pod("team-a", pods[0]["metadata"]["name"]))
     assert gke.count("create") == 12
     assert len(outcome.requested) == 11
     assert kube.reasons().count(labels.REASON_REQUESTED) == 2  # one per group: the JobSet and the pod

@@ -38,5 +38,5 @@ def test_pods_on_finds_exactly_the_live_pods_of_the_pools_nodes(hosts: int, read
     )
     before = kube.reads
     pods = PoolGuard(kube, 0, lambda s: None).pods_on(nodes)
-    assert [p["metadata"]["name"] for p in pods] == ["mine"]
+    assert [p.name for p in pods] == ["mine"]
     assert kube.reads - before == reads

@@ -31,6 +31,7 @@ from shared.tpu.jobsets import JobSet, expand_pods
 from shared.tpu.nodepools import NodePoolInfo
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Chain
+from shared.tpu.pods import Pod
 from shared.tpu.slices import build_node_pool, slice_request
 
 SETTINGS = Settings(
@@ -91,9 +92,9 @@ def demand(jobsets: list[dict[str, Any]], pools: list[NodePoolInfo], settings: S
 def occupants(
     pool: NodePoolInfo, nodes: list[Node], pods: list[dict[str, Any]], jobsets: dict[Any, Any], chains: Any
 ) -> list[Occupant]:
-    """``occupancy.occupants`` with the JobSets read parsed as the adapter does."""
+    """``occupancy.occupants`` with the pods listed and the JobSets read parsed as the adapter does."""
     views = {k: JobSet.parse(v) if v is not None else None for k, v in jobsets.items()}
-    return occupancy.occupants(pool, nodes, pods, views, chains)
+    return occupancy.occupants(pool, nodes, [Pod.parse(p) for p in pods], views, chains)
 
 
 def run(pods: list[tuple[dict[str, Any], Chain | None]], jobsets: dict[Any, Any]) -> list[Occupant]:
