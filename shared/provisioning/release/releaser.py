@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
@@ -115,6 +116,46 @@ class Holds:
         return ""
 
 
+@dataclasses.dataclass
+class _Delivery:
+    """One ``dispose`` call: what it was given and what it found, for its Events. Kept per call, not
+    on the Releaser, which one instance's concurrent deliveries share."""
+
+    trigger: str
+    jobsets: JobSets  # the JobSets read, by (namespace, name); None: gone
+    listing: list[NodePoolInfo]
+    outcome: Outcome
+    now: datetime.datetime
+    # By pool: pods naming a JobSet that prove none (from the last look at it), why a deleted one went.
+    pretending: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    deleted_why: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def pretenders(self, pool: str) -> str:
+        """What a delete's reason and Event add about pods on ``pool`` that name a JobSet but hold
+        nothing ("" for none), from the last look at its pods (no read of its own)."""
+        found = self.pretending.get(pool)
+        if not found:
+            return ""
+        return (
+            f"; not counted as occupants of {pool}: pod(s) {', '.join(found)}, which name a JobSet in "
+            "their labels but were made by none of its Jobs"
+        )
+
+    def sweep_reasons(self, names: list[str]) -> str:
+        """Why each pool went, for a sweep's Event: an event-driven release's trigger is the reason
+        ("JobSet completed"), a sweep's ("reconcile sweep") is not, so ``kubectl describe`` says it."""
+        if not self.trigger.startswith("reconcile"):
+            return ""
+        # The pretenders' sentence ends the stored reason (the delete's log line carries it) and
+        # ends the Event on its own, so it is cut here: it is said once.
+        said = [
+            f"{n}: {self.deleted_why[n].removesuffix(self.pretenders(n))}"
+            for n in sorted(names)
+            if self.deleted_why.get(n)
+        ]
+        return f" ({'; '.join(said)})" if said else ""
+
+
 class Releaser:
     """Releases the pools of finished or vanished JobSets, never one a live JobSet runs on."""
 
@@ -135,15 +176,13 @@ class Releaser:
         self.owners = Owners(settings, kube)
         self.holds = Holds(settings, kube)
         self.spending = Spending(settings, kube)
-        # This delivery's facts for its Events, by pool: pods that name a JobSet but prove none (from
-        # the last look at the pool), and why a deleted pool went.
-        self._pretending: dict[str, list[str]] = {}
-        self._deleted_why: dict[str, str] = {}
-        self._listing: list[NodePoolInfo] = []
 
-    def may_own(self, pool: NodePoolInfo, taker: occupancy.Occupant) -> str:
+    def may_own(
+        self, pool: NodePoolInfo, taker: occupancy.Occupant, listing: Sequence[NodePoolInfo] = ()
+    ) -> str:
         """Why JobSet ``taker`` may not become ``pool``'s owner ("" when it may): the guardrails of its
-        namespace and its budget apply to taking a pool as they do to buying one."""
+        namespace and its budget apply to taking a pool as they do to buying one; ``listing``: the
+        delivery's pools, which the budget counts."""
         namespace = taker.namespace
         if self.settings.namespace_allowlist and namespace not in self.settings.namespace_allowlist:
             return f"namespace {namespace!r} is not in NAMESPACE_ALLOWLIST"
@@ -156,7 +195,7 @@ class Releaser:
             return ""  # the same namespace's pool changes hands: nothing more is spent
         reservation = Reservation(*_reservation_parts(pool.reservation)) if pool.reservation else None
         refusal, _ = self.spending.refusal(
-            namespace, spending.pool_chips(pool), reservation, self._listing or [pool], exclude=pool.name
+            namespace, spending.pool_chips(pool), reservation, list(listing) or [pool], exclude=pool.name
         )
         return refusal
 
@@ -264,10 +303,10 @@ class Releaser:
         Transient failures are collected in ``Outcome.retry`` after every pool was attempted.
         """
         last_users = last_users or {}
-        self._listing = listing
-        self._pretending, self._deleted_why = {}, {}  # this delivery's, for its Events
-        outcome = Outcome()
         now = datetime.datetime.now(tz=datetime.UTC)
+        d = _Delivery(trigger, jobsets, listing, Outcome(), now)
+        outcome = d.outcome
+        may_own = functools.partial(self.may_own, listing=listing)
         waiting: list[occupancy.Demand] | None = None
         for pool, verdict in verdicts:
             fields = {"pool": pool.name, "jobset": pool.owner.describe()}
@@ -280,18 +319,16 @@ class Releaser:
                 continue
             try:
                 nodes = self.guard.nodes(pool)
-                found = self._occupants(pool, nodes, jobsets)
+                found = self._occupants(pool, nodes, d)
                 last = None if found else last_users.get(pool.name)
                 taking = (
-                    occupancy.decide(pool, verdict, [], [], 0.0, self.settings, last, self.may_own)
+                    occupancy.decide(pool, verdict, [], [], 0.0, self.settings, last, may_own)
                     if last
                     else None
                 )
                 inherited = taking is not None and taking.adopter is not None  # ADOPT by the last user
                 if taking is not None and taking.adopter is not None:
-                    pool, verdict = self._inherit(
-                        pool, taking.adopter, taking.why, trigger, jobsets, outcome, fields, now
-                    )
+                    pool, verdict = self._inherit(pool, taking.adopter, taking.why, d, fields)
                     fields = {"pool": pool.name, "jobset": pool.owner.describe()}
                 idle = idle_seconds(pool, jobsets.get(pool.owner.key), self.settings, now)
                 # Drain mode winds everything down: no pool is held for anyone.
@@ -304,7 +341,7 @@ class Releaser:
                 ):
                     waiting = self._demand(listing, all_jobsets)
                 decision = occupancy.decide(
-                    pool, verdict, found, waiting or [], idle or 0.0, self.settings, may_own=self.may_own
+                    pool, verdict, found, waiting or [], idle or 0.0, self.settings, may_own=may_own
                 )
                 if adopt_only and decision.action != occupancy.ADOPT:
                     continue
@@ -326,17 +363,17 @@ class Releaser:
                 if decision.action == occupancy.DELETE:
                     self.guard.cordon(pool, nodes, decision.why)
                     nodes = self.guard.nodes(pool)
-                    found = self._occupants(pool, nodes, jobsets)
+                    found = self._occupants(pool, nodes, d)
                     if found:  # someone bound just before the cordon: they keep or take the pool
                         decision = occupancy.decide(
-                            pool, verdict, found, [], 0.0, self.settings, may_own=self.may_own
+                            pool, verdict, found, [], 0.0, self.settings, may_own=may_own
                         )
                 if decision.action == occupancy.DELETE:
-                    self._delete(pool, decision.why + self._pretenders(pool.name), trigger, outcome, fields)
+                    self._delete(pool, decision.why + d.pretenders(pool.name), d, fields)
                     continue
                 self.guard.uncordon(pool, nodes, decision.why)
                 if decision.action == occupancy.ADOPT and decision.adopter is not None:
-                    self._adopt(pool, decision.adopter, decision.why, trigger, jobsets, outcome, fields)
+                    self._adopt(pool, decision.adopter, decision.why, d, fields)
                 elif decision.action == occupancy.OFFER:
                     # The stamp is the offer's record: the admission check hands over only stamped
                     # pools, and a later release re-judges them when what they wait for goes. An
@@ -360,7 +397,7 @@ class Releaser:
                 logs.decision(
                     log, "release.retry", f"{pool.name} must be retried: {exc.why}", logging.WARNING, **fields
                 )
-        self._report(outcome, trigger, jobsets)
+        self._report(d)
         return outcome
 
     # -- steps ------------------------------------------------------------------------------------
@@ -374,36 +411,11 @@ class Releaser:
                 jobsets[key] = None
         return jobsets[key]
 
-    def _occupants(self, pool: NodePoolInfo, nodes: list[Node], jobsets: JobSets) -> list[occupancy.Occupant]:
+    def _occupants(self, pool: NodePoolInfo, nodes: list[Node], d: _Delivery) -> list[occupancy.Occupant]:
         pods = self.guard.pods_on(nodes)
-        chains = PodChains(self.owners, jobsets).of(pods)
-        self._pretending[pool.name] = occupancy.pretenders(pool, nodes, pods, chains)
-        return occupancy.occupants(pool, nodes, pods, jobsets, chains)
-
-    def _sweep_reasons(self, trigger: str, names: list[str]) -> str:
-        """Why each pool went, for a sweep's Event: an event-driven release's trigger is the reason
-        ("JobSet completed"), a sweep's ("reconcile sweep") is not, so ``kubectl describe`` says it."""
-        if not trigger.startswith("reconcile"):
-            return ""
-        # The pretenders' sentence ends the stored reason (the delete's log line carries it) and
-        # ends the Event on its own, so it is cut here: it is said once.
-        said = [
-            f"{n}: {self._deleted_why[n].removesuffix(self._pretenders(n))}"
-            for n in sorted(names)
-            if self._deleted_why.get(n)
-        ]
-        return f" ({'; '.join(said)})" if said else ""
-
-    def _pretenders(self, pool: str) -> str:
-        """What a delete's reason and Event add about pods on ``pool`` that name a JobSet but hold
-        nothing ("" for none), from the last look at its pods (``_occupants``: no read of its own)."""
-        found = self._pretending.get(pool)
-        if not found:
-            return ""
-        return (
-            f"; not counted as occupants of {pool}: pod(s) {', '.join(found)}, which name a JobSet in "
-            "their labels but were made by none of its Jobs"
-        )
+        chains = PodChains(self.owners, d.jobsets).of(pods)
+        d.pretending[pool.name] = occupancy.pretenders(pool, nodes, pods, chains)
+        return occupancy.occupants(pool, nodes, pods, d.jobsets, chains)
 
     def _demand(
         self, listing: list[NodePoolInfo], all_jobsets: list[JobSet] | None
@@ -413,11 +425,9 @@ class Releaser:
         now = datetime.datetime.now(tz=datetime.UTC)
         return occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
 
-    def _delete(
-        self, pool: NodePoolInfo, why: str, trigger: str, outcome: Outcome, fields: dict[str, str]
-    ) -> None:
-        self._deleted_why[pool.name] = why
-        why = f"{why} ({trigger})"
+    def _delete(self, pool: NodePoolInfo, why: str, d: _Delivery, fields: dict[str, str]) -> None:
+        d.deleted_why[pool.name] = why
+        why = f"{why} ({d.trigger})"
         try:
             self.gke.delete_node_pool(self.settings.cluster_path, pool.name, why)
         except NotFoundError:
@@ -435,39 +445,24 @@ class Releaser:
             return
         # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
         self.forget(pool.name)
-        outcome.deleted.append(pool)
+        d.outcome.deleted.append(pool)
         logs.decision(log, "release.deleted", f"deleting {pool.name}: {why}", **fields)
 
     def _adopt(
-        self,
-        pool: NodePoolInfo,
-        adopter: occupancy.Occupant,
-        why: str,
-        trigger: str,
-        jobsets: JobSets,
-        outcome: Outcome,
-        fields: dict[str, str],
+        self, pool: NodePoolInfo, adopter: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
     ) -> None:
-        self._relabel(pool, occupancy.adopted_labels(pool, adopter), f"{why} ({trigger})", billing=True)
-        self._record_adoption(pool, adopter, why, trigger, jobsets, outcome, fields)
+        self._relabel(pool, occupancy.adopted_labels(pool, adopter), f"{why} ({d.trigger})", billing=True)
+        self._record_adoption(pool, adopter, why, d, fields)
 
     def _inherit(
-        self,
-        pool: NodePoolInfo,
-        user: occupancy.Occupant,
-        why: str,
-        trigger: str,
-        jobsets: JobSets,
-        outcome: Outcome,
-        fields: dict[str, str],
-        now: datetime.datetime,
+        self, pool: NodePoolInfo, user: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
     ) -> tuple[NodePoolInfo, Verdict]:
         """The finished JobSet that ran on ``pool`` last takes it over at its own release; the pool as
         its own and that JobSet's verdict on it. Its labels are written only if the pool outlives this
         delivery: a relabel is a GKE operation, and GKE refuses a delete while one runs on the pool."""
-        self._record_adoption(pool, user, why, trigger, jobsets, outcome, fields)
+        self._record_adoption(pool, user, why, d, fields)
         taken = dataclasses.replace(pool, labels=occupancy.adopted_labels(pool, user))
-        return taken, self.judge(taken, jobsets.get((user.namespace, user.name)), now)
+        return taken, self.judge(taken, d.jobsets.get((user.namespace, user.name)), d.now)
 
     def _relabel(self, pool: NodePoolInfo, new: Mapping[str, str], why: str, billing: bool) -> None:
         # The billing labels move with the node labels, in the same operation (one per pool at a time).
@@ -479,16 +474,10 @@ class Releaser:
         self.gke.set_node_pool_labels(self.settings.cluster_path, pool.name, new, why, resource_labels=owner)
 
     def _record_adoption(
-        self,
-        pool: NodePoolInfo,
-        adopter: occupancy.Occupant,
-        why: str,
-        trigger: str,
-        jobsets: JobSets,
-        outcome: Outcome,
-        fields: dict[str, str],
+        self, pool: NodePoolInfo, adopter: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
     ) -> None:
-        outcome.adopted.append((pool, adopter))
+        trigger, jobsets = d.trigger, d.jobsets
+        d.outcome.adopted.append((pool, adopter))
         logs.decision(log, "release.adopted", f"{adopter.describe()} adopts {pool.name}: {why}", **fields)
         taker = jobsets.get((adopter.namespace, adopter.name))
         running = occupancy.is_live(taker)  # else it is over: it adopts at its own release
@@ -509,9 +498,9 @@ class Releaser:
                 f"handed node pool {pool.name} to {adopter.describe()}, whose pods {tense} on it ({trigger})",
             )
 
-    def _report(self, outcome: Outcome, trigger: str, jobsets: JobSets) -> None:
+    def _report(self, d: _Delivery) -> None:
         by_owner: dict[tuple[str, str, str], list[str]] = {}
-        for pool in outcome.deleted:
+        for pool in d.outcome.deleted:
             key = (
                 pool.owner.namespace,
                 pool.owner.name,
@@ -519,16 +508,16 @@ class Releaser:
             )
             by_owner.setdefault(key, []).append(pool.name)
         for (namespace, name, uid), names in sorted(by_owner.items()):
-            jobset = jobsets.get((namespace, name))
+            jobset = d.jobsets.get((namespace, name))
             # A gone JobSet has nowhere to show an Event; a recreated one is not the pools' owner.
             if jobset is None or (uid and jobset.meta.uid != uid):
                 continue
             self.kube.record_event(
                 jobset_ref(jobset),
                 labels.REASON_RELEASED,
-                f"released node pools {', '.join(sorted(names))}: {trigger}"
-                + self._sweep_reasons(trigger, names)
-                + "".join(self._pretenders(n) for n in sorted(names)),
+                f"released node pools {', '.join(sorted(names))}: {d.trigger}"
+                + d.sweep_reasons(names)
+                + "".join(d.pretenders(n) for n in sorted(names)),
             )
 
 

@@ -407,3 +407,43 @@ def test_a_jobset_admitted_long_ago_or_with_pools_of_its_own_defers_nothing(
     finish(kube, "a", when=ago(5))
     _admitted_now(kube, "c", ago(600))
     assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+
+
+def test_a_delivery_beside_another_on_the_same_releaser_keeps_what_it_found(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # Release serves ten deliveries at once per instance (infra/main.tf `concurrency`), all on the
+    # instance's one Releaser: another delivery starting and ending in the middle of a sweep must not
+    # wipe what the sweep found (why each pool went, the pods that merely named a JobSet) from its Event.
+    first, second = with_pools(gke, kube, tpu_jobset("a", "team-a", replicas=2))
+    [other] = with_pools(gke, kube, tpu_jobset("b", "team-a", replicas=1))
+    finish(kube, "a")
+    finish(kube, "b")
+    for index, pool in enumerate((first, second)):
+        squat = f"squat-{index}"
+        kube.add_pod(
+            {
+                "metadata": {"name": squat, "namespace": "team-a", "labels": {labels.JOBSET_NAME: "hold"}},
+                "spec": {
+                    "containers": [{"name": "c", "resources": {"requests": {labels.TPU_RESOURCE: "4"}}}]
+                },
+            }
+        )
+        kube.bind("team-a", squat, f"gke-c-{pool.name}-0")
+    settles: list[float] = []
+
+    def settle(seconds: float) -> None:  # the wait after a cordon: b's delivery runs meanwhile
+        settles.append(seconds)
+        if len(settles) == 2:
+            assert releaser.release("team-a", "b", "", "JobSet completed") == [other.name]
+
+    releaser = Releaser(SETTINGS.with_overrides(cordon_settle_seconds=1), gke, kube, sleep=settle)
+
+    assert sorted(releaser.release("team-a", "a", "", "reconcile sweep")) == sorted([first.name, second.name])
+    assert len(settles) == 3  # a's two pools and b's one
+    [message] = events(kube, labels.REASON_RELEASED, "a")
+    for index, pool in enumerate((first, second)):
+        assert f"{pool.name}: JobSet team-a/a completed" in message
+        assert message.count(f"not counted as occupants of {pool.name}: pod(s) team-a/squat-{index}") == 1
+    [theirs] = events(kube, labels.REASON_RELEASED, "b")
+    assert first.name not in theirs and second.name not in theirs
