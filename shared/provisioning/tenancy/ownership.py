@@ -66,22 +66,15 @@ class Owners:
         except NotFoundError:
             return None
 
-    def chain(
-        self,
-        namespace: str,
-        controller: owners.OwnerRef | None,
-        jobsets: Mapping[tuple[str, str], JobSet | None] | None = None,
-    ) -> ChainRead:
-        """The chain of a pod in ``namespace`` with controller reference ``controller``, read from the
-        API. ``jobsets`` caches JobSets read already by (namespace, name) (None: gone)."""
+    def chain(self, namespace: str, controller: owners.OwnerRef | None) -> ChainRead:
+        """The chain of a pod in ``namespace`` with controller reference ``controller``, read from the API."""
         if controller is None or controller.kind != "Job":
             problem = owners.pod_chain_problem(namespace, controller, None, None, ())[1]
             return ChainRead(None, None, None, problem, gone=False)
         job = self.job(namespace, controller.name)
         jobset: JobSet | None = None
         if job is not None and job.controller is not None and job.controller.kind == "JobSet":
-            key = (namespace, job.controller.name)
-            jobset = jobsets[key] if jobsets is not None and key in jobsets else self.jobset(*key)
+            jobset = self.jobset(namespace, job.controller.name)
         rjobs = [(r.name, r.replicas) for r in declared.replicated_jobs(jobset or {})]
         chain, problem = owners.pod_chain_problem(namespace, controller, job, jobset, rjobs)
         # A pod whose Job is gone, or whose Job's JobSet is: one of a deleted JobSet, on its way out.
@@ -135,6 +128,7 @@ class PodChains:
         self.owners = owners
         self.jobsets = jobsets
         self._jobs: dict[tuple[str, str], Job | None] = {}
+        self._reread: set[tuple[str, str]] = set()
 
     def _job(self, namespace: str, name: str) -> Job | None:
         key = (namespace, name)
@@ -153,6 +147,13 @@ class PodChains:
             if job is not None and job.controller is not None and job.controller.kind == "JobSet":
                 key = (pod.namespace, job.controller.name)
                 if key not in self.jobsets:
+                    self.jobsets[key] = self.owners.jobset(*key)
+                elif not _current(self.jobsets[key], job.controller) and key not in self._reread:
+                    # The cache holds another incarnation of that name (or none): the JobSet was
+                    # deleted and created again since it was read, and this Job is the new one's.
+                    # Judged by the stale read its pods would be pretenders, and the release would
+                    # delete the pool they run on. Read once more; every reader checks uids.
+                    self._reread.add(key)
                     self.jobsets[key] = self.owners.jobset(*key)
         return chains_of(pods, self._jobs, self.jobsets)
 
@@ -179,6 +180,11 @@ def chains_of(
         if chain is not None:
             found[(namespace, name)] = chain
     return found
+
+
+def _current(jobset: JobSet | None, controller: owners.OwnerRef) -> bool:
+    """Whether ``jobset`` (a read by name) is the JobSet that ``controller`` (a Job's reference) names."""
+    return jobset is not None and jobset.meta.uid == controller.uid
 
 
 @dataclasses.dataclass(frozen=True)

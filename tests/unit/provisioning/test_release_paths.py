@@ -447,3 +447,36 @@ def test_a_delivery_beside_another_on_the_same_releaser_keeps_what_it_found(
         assert message.count(f"not counted as occupants of {pool.name}: pod(s) team-a/squat-{index}") == 1
     [theirs] = events(kube, labels.REASON_RELEASED, "b")
     assert first.name not in theirs and second.name not in theirs
+
+
+def test_a_jobset_recreated_while_its_release_runs_keeps_the_pool_its_new_pods_run_on(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen on the real components (tests/sandbox/real/test_realstack.py, "reborn"): the delete's
+    # release read the JobSet by name before the user created it again; the new incarnation's pod
+    # then bound to the old pool. Judged by that first read, the pod "named a JobSet but was made by
+    # none of its Jobs", and the pool was deleted under it.
+    old = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, old)
+    kube.pods.clear()
+    del kube.jobsets[("team-a", "a")]
+    new = tpu_jobset("a", "team-a", replicas=1)
+    read = kube.get_jobset
+
+    def get_jobset(namespace: str, name: str) -> Any:
+        try:
+            return read(namespace, name)
+        finally:
+            if ("team-a", "a") not in kube.jobsets:  # right after the release's first read
+                land(kube, new, pool)
+
+    monkeypatch.setattr(kube, "get_jobset", get_jobset)
+
+    assert (
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", old["metadata"]["uid"], "JobSet deleted") == []
+    )
+    assert gke.count("delete") == 0
+    assert owner(gke, pool) == ("a", new["metadata"]["uid"])
+    assert schedulable(kube, pool)
+    [adopted] = events(kube, labels.REASON_ADOPTED, "a")
+    assert pool.name in adopted
