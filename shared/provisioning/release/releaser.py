@@ -326,10 +326,14 @@ class Releaser:
                     if last
                     else None
                 )
-                inherited = taking is not None and taking.adopter is not None  # ADOPT by the last user
+                # ADOPT by the last user: the pool as it was, its heir and why, recorded as a
+                # handover only once the pool outlives this delivery (deleted, it was never handed).
+                heir = None
                 if taking is not None and taking.adopter is not None:
-                    pool, verdict = self._inherit(pool, taking.adopter, taking.why, d, fields)
+                    heir = (pool, taking.adopter, taking.why)
+                    pool, verdict = self._inherit(pool, taking.adopter, d)
                     fields = {"pool": pool.name, "jobset": pool.owner.describe()}
+                inherited = heir is not None
                 idle = idle_seconds(pool, jobsets.get(pool.owner.key), self.settings, now)
                 # Drain mode winds everything down: no pool is held for anyone.
                 if (
@@ -363,13 +367,19 @@ class Releaser:
                 if decision.action == occupancy.DELETE:
                     self.guard.cordon(pool, nodes, decision.why)
                     nodes = self.guard.nodes(pool)
+                    taker = self._taken_meanwhile(heir[0] if heir is not None else pool, nodes)
+                    if taker:
+                        self._leave(pool, nodes, taker, d, fields)
+                        continue
                     found = self._occupants(pool, nodes, d)
                     if found:  # someone bound just before the cordon: they keep or take the pool
                         decision = occupancy.decide(
                             pool, verdict, found, [], 0.0, self.settings, may_own=may_own
                         )
                 if decision.action == occupancy.DELETE:
-                    self._delete(pool, decision.why + d.pretenders(pool.name), d, fields)
+                    deleting = self._delete(pool, decision.why + d.pretenders(pool.name), d, fields)
+                    if deleting and heir is not None:  # the last user took it over, and it goes
+                        self._record_adoption(*heir, d, fields)
                     continue
                 self.guard.uncordon(pool, nodes, decision.why)
                 if decision.action == occupancy.ADOPT and decision.adopter is not None:
@@ -385,11 +395,14 @@ class Releaser:
                         stamp = {labels.IDLE_SINCE: str(int(now.timestamp() - (idle or 0.0)))}
                     if stamp or inherited:
                         self._relabel(pool, {**pool.labels, **stamp}, decision.why, inherited)
+                    if heir is not None:
+                        self._record_adoption(*heir, d, fields)
                     outcome.offered.append(pool)
                     logs.decision(log, "release.offered", f"kept {pool.name} idle: {decision.why}", **fields)
                 else:
-                    if inherited:  # it outlives this delivery: its labels must say whose it is now
+                    if heir is not None:  # it outlives this delivery: its labels must say whose it is now
                         self._relabel(pool, pool.labels, decision.why, billing=True)
+                        self._record_adoption(*heir, d, fields)
                     outcome.kept.append((pool, decision.why))
                     logs.decision(log, "release.kept", f"kept {pool.name}: {decision.why}", **fields)
             except TransientError as exc:
@@ -425,7 +438,8 @@ class Releaser:
         now = datetime.datetime.now(tz=datetime.UTC)
         return occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
 
-    def _delete(self, pool: NodePoolInfo, why: str, d: _Delivery, fields: dict[str, str]) -> None:
+    def _delete(self, pool: NodePoolInfo, why: str, d: _Delivery, fields: dict[str, str]) -> bool:
+        """Start deleting ``pool``; whether GKE took the delete (not when it was gone or refused)."""
         d.deleted_why[pool.name] = why
         why = f"{why} ({d.trigger})"
         try:
@@ -433,7 +447,7 @@ class Releaser:
         except NotFoundError:
             logs.decision(log, "release.gone", f"{pool.name} was already deleted", **fields)
             self.forget(pool.name)
-            return
+            return False
         except RejectedError as exc:
             logs.decision(
                 log,
@@ -442,11 +456,12 @@ class Releaser:
                 logging.ERROR,
                 **fields,
             )
-            return
+            return False
         # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
         self.forget(pool.name)
         d.outcome.deleted.append(pool)
         logs.decision(log, "release.deleted", f"deleting {pool.name}: {why}", **fields)
+        return True
 
     def _adopt(
         self, pool: NodePoolInfo, adopter: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
@@ -454,13 +469,47 @@ class Releaser:
         self._relabel(pool, occupancy.adopted_labels(pool, adopter), f"{why} ({d.trigger})", billing=True)
         self._record_adoption(pool, adopter, why, d, fields)
 
+    def _taken_meanwhile(self, listed: NodePoolInfo, nodes: Iterable[Node]) -> str:
+        """``namespace/name`` of the JobSet another delivery handed the pool to after this one listed
+        it (``listed``: the pool as listed then); "" when it is still the owner ``listed`` names.
+
+        Two deliveries may judge one pool at once (release runs ten per instance, on several
+        instances): one hands it to the JobSet that ran on it last while the other, from an older
+        listing, deletes it. GKE runs one operation per pool at a time (a delete during the relabel
+        is refused as an incompatible operation and retried) and writes the new labels on the running
+        Nodes (``UpdateNodePoolRequest.labels``), which the look after the cordon reads. Nodes that
+        name another owner are checked against a fresh listing (they may lag an earlier handover):
+        whichever operation came first wins, and the other delivery stands back.
+        """
+        if not any(n.labels.get(labels.OWNER_UID, listed.owner.uid) != listed.owner.uid for n in nodes):
+            return ""
+        now = next(
+            (p for p in self.gke.list_node_pools(self.settings.cluster_path) if p.name == listed.name), None
+        )
+        if now is None or now.owner.uid == listed.owner.uid:
+            return ""  # gone (the delete says so) or still as listed: the Nodes lag, not a handover
+        return now.owner.describe()
+
+    def _leave(
+        self, pool: NodePoolInfo, nodes: list[Node], taker: str, d: _Delivery, fields: dict[str, str]
+    ) -> None:
+        """Another delivery handed ``pool`` on after this one listed it: the adoption wins, the delete
+        is dropped, and the Event on the JobSet this delivery judged says so."""
+        why = f"not deleted: {taker} took {pool.name} over meanwhile"
+        self.guard.uncordon(pool, nodes, why)
+        d.outcome.kept.append((pool, why))
+        logs.decision(log, "release.taken", f"kept {pool.name}: {why}", **fields)
+        judged = d.jobsets.get(pool.owner.key)
+        if judged is not None and judged.meta.uid == pool.owner.uid:
+            self.kube.record_event(jobset_ref(judged), labels.REASON_RELEASED, f"{why} ({d.trigger})")
+
     def _inherit(
-        self, pool: NodePoolInfo, user: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
+        self, pool: NodePoolInfo, user: occupancy.Occupant, d: _Delivery
     ) -> tuple[NodePoolInfo, Verdict]:
         """The finished JobSet that ran on ``pool`` last takes it over at its own release; the pool as
-        its own and that JobSet's verdict on it. Its labels are written only if the pool outlives this
-        delivery: a relabel is a GKE operation, and GKE refuses a delete while one runs on the pool."""
-        self._record_adoption(pool, user, why, d, fields)
+        its own and that JobSet's verdict on it. Its labels are written, and the handover recorded,
+        only if the pool outlives this delivery: a relabel is a GKE operation, and GKE refuses a delete
+        while one runs on the pool; a pool deleted at once was never anyone's but its maker's."""
         taken = dataclasses.replace(pool, labels=occupancy.adopted_labels(pool, user))
         return taken, self.judge(taken, d.jobsets.get((user.namespace, user.name)), d.now)
 

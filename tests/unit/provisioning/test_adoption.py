@@ -100,6 +100,69 @@ def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_and_del
     assert f"released node pools {pool.name}" in released
 
 
+def test_no_handover_is_told_for_a_pool_another_release_deleted_first(gke: FakeGke, kube: FakeKube) -> None:
+    # B's release inherits the pool B ran on last and would delete it, but the release of its maker
+    # (a second delivery, from its own listing) deleted it a moment before: B never took it.
+    _, pool, b = offered(gke, kube)
+    finish(kube, "b")
+    gone = gke.pools[CLUSTER]
+
+    def deleted_by_the_other(name: str) -> None:
+        gke.before_delete = None
+        del gone[name]
+
+    gke.before_delete = deleted_by_the_other
+
+    assert release(gke, kube, b) == []
+
+    assert not events(kube, labels.REASON_ADOPTED, "b")
+    assert not [m for m in events(kube, labels.REASON_RELEASED, "a") if "handed" in m]
+    assert not [m for m in events(kube, labels.REASON_RELEASED, "b") if pool.name in m]
+
+
+def test_a_handover_and_a_delete_of_one_pool_at_once_leave_it_to_the_handover(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's late release judges its pool from a listing taken before B's release handed it on (B ran
+    # on it last; C, same shape, is queued by then). GKE writes a relabel's labels on the running
+    # Nodes; the delete's look after its cordon sees them, and A's release stands back.
+    a, pool, b = offered(gke, kube)
+    finish(kube, "b", when=ago(1))
+    relabel = gke.set_node_pool_labels
+
+    def on_nodes_too(cluster: str, name: str, new: Any, why: str, resource_labels: Any = None) -> str:
+        operation = relabel(cluster, name, new, why, resource_labels)
+        for node in kube.nodes.values():
+            if node["metadata"]["labels"].get(labels.NODEPOOL) == name:
+                node["metadata"]["labels"] = {**node["metadata"]["labels"], **new}
+        return operation
+
+    monkeypatch.setattr(gke, "set_node_pool_labels", on_nodes_too)
+    looks: list[float] = []
+
+    def settle(seconds: float) -> None:  # after A's cordon: B's delivery runs meanwhile
+        looks.append(seconds)
+        if len(looks) == 1:
+            queue(kube, "c")
+            assert (
+                Releaser(SETTINGS, gke, kube).release("team-a", "b", b["metadata"]["uid"], "JobSet completed")
+                == []
+            )
+
+    meta = a["metadata"]
+    settings = SETTINGS.with_overrides(cordon_settle_seconds=1)
+    assert (
+        Releaser(settings, gke, kube, sleep=settle).release("team-a", "a", meta["uid"], "JobSet completed")
+        == []
+    )
+
+    assert looks and gke.count("delete") == 0
+    assert owner(gke, pool) == ("b", b["metadata"]["uid"])
+    assert not any(n["spec"].get("unschedulable") for n in kube.nodes.values())
+    assert [m for m in events(kube, labels.REASON_ADOPTED, "b") if pool.name in m]
+    assert [m for m in events(kube, labels.REASON_RELEASED, "a") if f"team-a/b took {pool.name} over" in m]
+
+
 def test_a_pool_the_last_user_hands_on_again_is_relabelled_for_it(gke: FakeGke, kube: FakeKube) -> None:
     # B took A's idle pool and is over, but C (same shape) is queued: the pool stays, now B's.
     _, pool, b = offered(gke, kube)
