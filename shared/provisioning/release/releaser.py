@@ -116,6 +116,40 @@ class Holds:
         return ""
 
 
+def _spare(
+    theirs: Iterable[NodePoolInfo],
+    listing: Iterable[NodePoolInfo],
+    adopted: Iterable[tuple[NodePoolInfo, occupancy.Occupant]],
+    ran_on: Mapping[str, occupancy.Occupant],
+) -> list[tuple[NodePoolInfo, Verdict]]:
+    """Of ``theirs`` (pools of live owners that the released JobSet ran on last), each whose owner
+    is labelled for the same slice on another pool, once this delivery's adoptions are counted.
+
+    JobSet's exclusive placement puts a slice's pods on whichever pool of its shape the leader
+    lands on, so two same-shape JobSets often run each on the other's pool. Without this the pool
+    the first ran on stays its live owner's, who never runs there, and goes at that owner's release:
+    the JobSet that ran on it last is never named. Its verdict here is a placeholder: the dispose
+    hands the pool to ``ran_on``'s JobSet (none runs there, the occupancy check makes sure) and
+    that JobSet's verdict decides.
+    """
+    now = {p.name: p for p in listing if p.status != STATUS_STOPPING}
+    for pool, taker in adopted:
+        if pool.name in now:
+            now[pool.name] = dataclasses.replace(pool, labels=occupancy.adopted_labels(pool, taker))
+    found = []
+    for pool in theirs:
+        if pool.name not in ran_on:
+            continue
+        slot = pool.owner
+        if not slot.uid:
+            continue
+        twin = next((p.name for p in now.values() if p.name != pool.name and p.owner == slot), "")
+        if twin:
+            why = f"{slot.describe()} runs that slice on {twin}: {pool.name} is spare"
+            found.append((pool, Verdict(True, why)))
+    return found
+
+
 @dataclasses.dataclass
 class _Delivery:
     """One ``dispose`` call: what it was given and what it found, for its Events. Kept per call, not
@@ -238,9 +272,18 @@ class Releaser:
             self._jobset(jobsets, *pool.owner.key)
         now = datetime.datetime.now(tz=datetime.UTC)
         verdicts = [(p, self.judge(p, jobsets[p.owner.key], now)) for p in pools]
-        # Another JobSet's pool whose owner still needs it is none of this release's business.
+        # Another JobSet's pool whose owner still needs it is none of this release's business...
+        theirs = [p for p, v in verdicts if not v.delete and (p.name in ran_on or p.name in held)]
         verdicts = [(p, v) for p, v in verdicts if v.delete or (p.name not in ran_on and p.name not in held)]
         outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
+        # ...unless its owner now holds that slice on another pool: the two swapped (each ran on the
+        # other's), and this delivery just handed the owner the pool it runs on. The spare one is
+        # this JobSet's, which ran there last, under its own verdict.
+        spare = _spare(theirs, listing, outcome.adopted, ran_on)
+        if spare:
+            swapped = self.dispose(spare, trigger, jobsets, listing, last_users=ran_on)
+            outcome.deleted += swapped.deleted
+            outcome.retry += swapped.retry
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
         return [p.name for p in outcome.deleted]
@@ -377,9 +420,9 @@ class Releaser:
                             pool, verdict, found, [], 0.0, self.settings, may_own=may_own
                         )
                 if decision.action == occupancy.DELETE:
-                    deleting = self._delete(pool, decision.why + d.pretenders(pool.name), d, fields)
-                    if deleting and heir is not None:  # the last user took it over, and it goes
-                        self._record_adoption(*heir, d, fields)
+                    # An inherited pool: the last user took it over, and it goes (recorded once GKE
+                    # took the delete, before the delete's own line, in the order they happened).
+                    self._delete(pool, decision.why + d.pretenders(pool.name), d, fields, heir)
                     continue
                 self.guard.uncordon(pool, nodes, decision.why)
                 if decision.action == occupancy.ADOPT and decision.adopter is not None:
@@ -438,8 +481,17 @@ class Releaser:
         now = datetime.datetime.now(tz=datetime.UTC)
         return occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
 
-    def _delete(self, pool: NodePoolInfo, why: str, d: _Delivery, fields: dict[str, str]) -> bool:
-        """Start deleting ``pool``; whether GKE took the delete (not when it was gone or refused)."""
+    def _delete(
+        self,
+        pool: NodePoolInfo,
+        why: str,
+        d: _Delivery,
+        fields: dict[str, str],
+        heir: tuple[NodePoolInfo, occupancy.Occupant, str] | None = None,
+    ) -> bool:
+        """Start deleting ``pool``; whether GKE took the delete (not when it was gone or refused).
+        ``heir`` (the pool as its maker had it, the JobSet that took it over, why) is recorded only
+        when GKE took it: a pool already gone was never handed to anyone."""
         d.deleted_why[pool.name] = why
         why = f"{why} ({d.trigger})"
         try:
@@ -459,6 +511,8 @@ class Releaser:
             return False
         # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
         self.forget(pool.name)
+        if heir is not None:
+            self._record_adoption(*heir, d, fields)
         d.outcome.deleted.append(pool)
         logs.decision(log, "release.deleted", f"deleting {pool.name}: {why}", **fields)
         return True

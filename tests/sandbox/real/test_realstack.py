@@ -111,6 +111,42 @@ def test_the_queued_jobsets_ran_on_the_first_ones_pools_once_each(
         assert condition(workload(stack, name), "Finished"), name
 
 
+def test_each_pool_is_released_by_the_jobset_that_ran_on_it_last(
+    stack: RealStack, outcome: demo.Outcome
+) -> None:
+    """#30: the real scheduler often puts a queued JobSet's slice on a pool made or held for another
+    of the same shape. Whatever the swaps, every pool a tutorial JobSet ran on is deleted by the
+    release of the JobSet that ran there last, and that JobSet's ``TPUSliceReleased`` Event names it
+    (the README's promise: ``kubectl describe jobset`` says where it ran)."""
+    names = {name for name, _ in demo.JOBSETS}
+    prefix = f"gke-{stack.config.cluster_name}-"
+    last: dict[str, tuple[str, str]] = {}  # pool -> (the latest pod start there, its JobSet)
+    for pod in stack.kube_cluster.client().list("/api/v1/namespaces/default/pods"):
+        jobset = (pod["metadata"].get("labels") or {}).get(labels.JOBSET_NAME, "")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if jobset not in names or not node.startswith(prefix):
+            continue
+        pool = node[len(prefix) :].rsplit("-", 1)[0]
+        started = str((pod.get("status") or {}).get("startTime") or "")
+        last[pool] = max(last.get(pool, ("", "")), (started, jobset))
+    assert len(last) >= 3, last
+
+    def unnamed() -> dict[str, str]:
+        released: dict[str, set[str]] = {name: set() for name in names}
+        for event in stack.events(labels.REASON_RELEASED, "default"):
+            involved, message = event["involvedObject"], str(event["message"])
+            elsewhere = involved.get("kind") != "JobSet" or involved["name"] not in names
+            if not elsewhere and message.startswith("released node pools "):
+                listed = message.removeprefix("released node pools ").split(":", 1)[0]
+                released[involved["name"]].update(listed.split(", "))
+        return {pool: jobset for pool, (_, jobset) in last.items() if pool not in released[jobset]}
+
+    try:
+        stack.wait_for(lambda: not unnamed(), 60, "each pool named by the JobSet that ran there last")
+    except TimeoutError as exc:
+        raise AssertionError(f"not named in its last user's release: {unnamed()}") from exc
+
+
 def test_setup_cluster_installed_both_releases_unmodified(stack: RealStack, outcome: demo.Outcome) -> None:
     components = {d.get("component"): d for d in stack.decisions("setup.component", function="setup_cluster")}
     assert set(components) >= {"jobset", "kueue"}

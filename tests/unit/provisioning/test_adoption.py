@@ -8,8 +8,10 @@ when the pod is bound by then), or release/reconcile looking at the pool. Over t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -81,6 +83,24 @@ def offered(gke: FakeGke, kube: FakeKube) -> tuple[dict[str, Any], NodePoolInfo,
     return a, pool, b
 
 
+@contextlib.contextmanager
+def release_lines() -> Iterator[list[str]]:
+    """The release's log lines, read on its own logger (``tpuprov`` does not propagate once a
+    function's logging is configured, so pytest's root-level capture may miss them)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("tpuprov.release")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_and_deletes_it(
     gke: FakeGke, kube: FakeKube
 ) -> None:
@@ -88,7 +108,12 @@ def test_the_release_of_the_jobset_that_ran_last_adopts_the_offered_pool_and_del
     finish(kube, "b")  # B ran on A's idle pool and is over before any function looked at the pool
     relabels = gke.count("set_labels")
 
-    assert release(gke, kube, b) == [pool.name]  # at once: B's release, not the next reconcile
+    with release_lines() as lines:
+        assert release(gke, kube, b) == [pool.name]  # at once: B's release, not the next reconcile
+
+    # The log tells it in the order it happened: B took the pool over, then it was deleted.
+    said = [line for line in lines if pool.name in line]
+    assert [m.split(":")[0] for m in said] == [f"team-a/b adopts {pool.name}", f"deleting {pool.name}"]
 
     # No relabel of a pool deleted in the same delivery: GKE would refuse the delete while it ran.
     assert gke.count("set_labels") == relabels
@@ -401,3 +426,32 @@ def test_billing_labels_are_the_ones_a_created_pool_gets() -> None:
             labels.RESOURCE_LABEL_JOBSET: "train-v2",
         }
     )
+
+
+def test_two_jobsets_that_ran_on_each_others_pools_each_release_the_one_they_ran_on(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # GKE's tutorial flow on the real scheduler: A's slice runs on B's pool and B's on A's. Each
+    # pool must go at the release of the JobSet that ran on it, and its Events name it (#30).
+    a = tpu_jobset("a", "team-a", replicas=1)
+    b = tpu_jobset("b", "team-a", replicas=1)
+    [pa] = with_pools(gke, kube, a)
+    [pb] = with_pools(gke, kube, b)
+    for (namespace, name), pod in list(kube.pods.items()):
+        index = pod["spec"]["nodeName"].rsplit("-", 1)[1]
+        other = pb if name.startswith("a-") else pa
+        kube.bind(namespace, name, f"gke-c-{other.name}-{index}")
+    finish(kube, "a")
+
+    assert release(gke, kube, a) == [pb.name]
+
+    assert owner(gke, pa) == ("b", b["metadata"]["uid"])  # B runs there: B's now
+    assert [m for m in events(kube, labels.REASON_RELEASED, "a") if f"released node pools {pb.name}" in m]
+    assert [
+        m for m in events(kube, labels.REASON_RELEASED, "b") if f"handed node pool {pb.name} to team-a/a" in m
+    ]
+    assert [m for m in events(kube, labels.REASON_ADOPTED, "b") if pa.name in m]
+
+    finish(kube, "b")
+    assert release(gke, kube, b) == [pa.name]
+    assert [m for m in events(kube, labels.REASON_RELEASED, "b") if f"released node pools {pa.name}" in m]
