@@ -16,6 +16,8 @@ locals {
   node_pool_creators = ["provision", "reconcile"]
 
   managed_cluster = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
+  # Every cluster the functions manage (FLEET_CLUSTERS beside the managed one).
+  fleet = distinct(concat([local.managed_cluster], var.fleet_clusters))
 }
 
 # The conditions that keep each grant on the managed cluster (modules/cluster_condition says how far
@@ -34,12 +36,12 @@ locals {
 #   policies), checked on regional Compute resources, not on a cluster.
 module "managed_cluster_condition" {
   source   = "./modules/cluster_condition"
-  clusters = [local.managed_cluster]
+  clusters = local.fleet
 }
 
 module "setup_cluster_condition" {
   source   = "./modules/cluster_condition"
-  clusters = distinct(concat([local.managed_cluster], var.setup_clusters))
+  clusters = distinct(concat(local.fleet, var.setup_clusters))
 }
 
 resource "google_service_account" "runtime" {

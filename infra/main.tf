@@ -70,10 +70,16 @@ locals {
     "cluster-created"         = "setup_cluster"
   }
 
+  # The fleet's clusters as one filter clause (shared.app.deployment.sink_clusters writes the same):
+  # each sink exports the events of every fleet cluster and of no other.
   sink_template_vars = {
-    project_id   = var.project_id
-    location     = var.cluster_location
-    cluster_name = var.cluster_name
+    project_id = var.project_id
+    clusters = format("(%s)", join(" OR ", [
+      for cluster in local.fleet : format(
+        "(resource.labels.location=\"%s\" AND resource.labels.cluster_name=\"%s\")",
+        split("/", cluster)[3], split("/", cluster)[5],
+      )
+    ]))
   }
 
   # The environment every service reads through shared.core.settings.Settings.from_env: the settings
@@ -101,6 +107,7 @@ locals {
     JOBSET_VERSION         = var.jobset_version
     KUEUE_VERSION          = var.kueue_version
     SETUP_CLUSTERS         = join(",", var.setup_clusters)
+    FLEET_CLUSTERS         = join(",", var.fleet_clusters)
     CONTROL_PLANE_ENDPOINT = var.control_plane_endpoint
   }
 

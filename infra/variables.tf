@@ -220,6 +220,17 @@ variable "setup_clusters" {
   }
 }
 
+variable "fleet_clusters" {
+  type        = list(string)
+  description = "Clusters of this project besides cluster_name that this deployment manages too (FLEET_CLUSTERS), as projects/PROJECT/locations/LOCATION/clusters/NAME: the sinks export their events, the functions' GKE grants hold on them, and setup_cluster may install on them."
+  default     = []
+
+  validation {
+    condition     = alltrue([for cluster in var.fleet_clusters : can(regex("^projects/${var.project_id}/locations/[^/]+/clusters/[^/]+$", cluster))])
+    error_message = "fleet_clusters are cluster paths projects/PROJECT/locations/LOCATION/clusters/NAME in project_id: the sinks and grants are made in this project only."
+  }
+}
+
 variable "manifests_dir" {
   type        = string
   description = "Directory in the image holding jobset-<version>.yaml and kueue-<version>.yaml (MANIFESTS_DIR)."

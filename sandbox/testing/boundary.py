@@ -105,7 +105,9 @@ def deliver(boundary: Boundary, function: str, headers: dict[str, str], body: by
     log_buffer, err_buffer, other = io.StringIO(), io.StringIO(), _Collect()
     root = logging.getLogger()
     root.addHandler(other)
-    logs.configure(boundary.settings.project_id, stream=log_buffer)
+    # DEBUG too: a repeat some reasons are said at (a coalesced object, another outsider event of
+    # a cluster already named) still has to say why it was acknowledged.
+    logs.configure(boundary.settings.project_id, stream=log_buffer, level=logging.DEBUG)
     before = boundary.calls()
     try:
         with contextlib.redirect_stderr(err_buffer):

@@ -12,7 +12,7 @@ parse the Terraform and fail when the two drift apart. Pure data: no client libr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 TOPIC_PREFIX = "tpuprov"
 
@@ -84,6 +84,17 @@ def wiring(function: str) -> FunctionWiring:
         if item.function == function:
             return item
     raise KeyError(f"unknown function {function!r}; known: {', '.join(f.function for f in FUNCTIONS)}")
+
+
+def sink_clusters(cluster_paths: Iterable[str]) -> str:
+    """The sinks' ``${clusters}`` clause: the LogEntries of these clusters (``resource.labels``
+    location and cluster_name) and of no other, as infra/main.tf's ``sink_template_vars`` writes it
+    for the fleet (the managed cluster, then ``fleet_clusters``)."""
+    each = []
+    for path in dict.fromkeys(cluster_paths):
+        _, _, _, location, _, name = path.split("/")
+        each.append(f'(resource.labels.location="{location}" AND resource.labels.cluster_name="{name}")')
+    return f"({' OR '.join(each)})"
 
 
 def service_account(function: str, project: str, prefix: str = TOPIC_PREFIX) -> str:

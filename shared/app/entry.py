@@ -10,6 +10,7 @@ service call to :func:`handle`. The mapping is the product's delivery contract w
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -30,6 +31,10 @@ if TYPE_CHECKING:  # the adapters import the Google and Kubernetes clients; they
 
 log = logs.get("entry")
 
+# Clusters outside the fleet whose events are counted one by one; a forged stream of cluster names
+# costs a bounded counter, not memory.
+OUTSIDERS_KEPT = 256
+
 
 class Redeliver(ServiceUnavailable):
     """Raised out of a function to answer 503 so that Pub/Sub redelivers the message."""
@@ -42,14 +47,17 @@ class Runtime:
     tokens and the GKE cluster lookup) are built on first use and kept; nothing is built at import.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fleet: Runtime | None = None) -> None:
+        """``fleet``: the instance's runtime when this one serves another cluster of its fleet."""
         try:  # a misspelled policy would fail every slice; say so at startup instead
             capacity.parse_policy(settings.capacity_policy)
         except ValueError as exc:
             raise InvalidInputError(f"setting CAPACITY_POLICY: {exc}") from None
         self.settings = settings
+        self._fleet = fleet
         self._lock = threading.RLock()  # services built under it ask for the adapters
         self._cache: dict[str, Any] = {}
+        self.outsiders: collections.Counter[str] = collections.Counter()
 
     def _cached(self, key: str, build: Callable[[], Any]) -> Any:
         with self._lock:
@@ -57,8 +65,49 @@ class Runtime:
                 self._cache[key] = build()
             return self._cache[key]
 
+    # -- the fleet ------------------------------------------------------------------------------
+
+    def member(self, cluster_path: str) -> Runtime | None:
+        """The runtime serving ``cluster_path`` when it is one of the fleet's clusters, else None.
+
+        Each cluster has its own runtime, so its own Kubernetes client and service graph: GKE's
+        operation slots, the request-quota account, stockout backoffs and learnt limits are per
+        cluster (GKE counts them per cluster), and a cluster that is unreachable or rate-limited
+        holds up none of the others' deliveries. The managed cluster's is this one; the GKE and
+        Compute clients (stateless, every call names its resource) are the instance's."""
+        if self._fleet is not None:
+            return self._fleet.member(cluster_path)
+        if cluster_path == self.settings.cluster_path and self.settings.cluster_name:
+            return self
+        if cluster_path not in self.settings.fleet_paths:
+            return None
+        member: Runtime = self._cached(
+            f"member:{cluster_path}", lambda: Runtime(self.settings.for_cluster(cluster_path), fleet=self)
+        )
+        return member
+
+    def members(self) -> list[Runtime]:
+        """The runtimes of every fleet cluster, the managed cluster's first."""
+        root = self._fleet or self
+        return [m for m in (root.member(p) for p in root.settings.fleet_paths) if m is not None]
+
+    def outsider(self, cluster_path: str) -> int:
+        """Count one event of a cluster outside the fleet; how many of that cluster's there were.
+        The counter keeps at most ``OUTSIDERS_KEPT`` clusters (any further one counts as "other")."""
+        root = self._fleet or self
+        with root._lock:
+            key = (
+                cluster_path
+                if cluster_path in root.outsiders or len(root.outsiders) < OUTSIDERS_KEPT
+                else "other"
+            )
+            root.outsiders[key] += 1
+            return root.outsiders[key]
+
     def gke(self) -> NodePoolAPI:
         """The GKE node-pool adapter (``shared.cloud.gke.GkeNodePoolAPI``)."""
+        if self._fleet is not None:
+            return self._fleet.gke()
 
         def build() -> NodePoolAPI:
             from shared.cloud.gke import GkeNodePoolAPI
@@ -72,6 +121,8 @@ class Runtime:
 
     def compute(self) -> WorkloadPolicyAPI:
         """The Compute Engine workload-policy adapter (``shared.cloud.compute.ComputeWorkloadPolicyAPI``)."""
+        if self._fleet is not None:
+            return self._fleet.compute()
 
         def build() -> WorkloadPolicyAPI:
             from shared.cloud.compute import ComputeWorkloadPolicyAPI

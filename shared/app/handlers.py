@@ -6,13 +6,16 @@ them importable and testable, and keeps the entrypoints to a few lines.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
+from concurrent import futures
 from typing import Any
 
 from shared.app.coalesce import Coalescer
 from shared.app.entry import Runtime
 from shared.core import logs
-from shared.core.errors import TransientError
+from shared.core.errors import PermanentError, TransientError
 from shared.events import envelope as events
 from shared.provisioning.admission.check import AdmissionChecker
 from shared.provisioning.create.known import KNOWN_POOL_TTL_SECONDS
@@ -30,11 +33,24 @@ def _ignore(function: str, why: str, **fields: Any) -> None:
     logs.decision(log, f"{function}.ignored", why, logging.INFO, **fields)
 
 
-def _foreign(runtime: Runtime, cluster: events.ClusterId) -> str:
-    s = runtime.settings
-    if (cluster.project, cluster.location, cluster.name) != (s.project_id, s.location, s.cluster_name):
-        return f"event is for cluster {cluster.path}, this deployment manages {s.cluster_path}"
-    return ""
+def _member(runtime: Runtime, function: str, cluster: events.ClusterId) -> Runtime | None:
+    """The runtime of the fleet cluster the event names; None (said, counted, no API call) when
+    the cluster is not in the fleet. The first event of such a cluster is logged at INFO, the
+    rest at DEBUG with their count: a chatty foreign project does not flood the log."""
+    member = runtime.member(cluster.path)
+    if member is not None:
+        return member
+    seen = runtime.outsider(cluster.path)
+    fleet = ", ".join(runtime.settings.fleet_paths) or "no cluster"
+    logs.decision(
+        log,
+        f"{function}.ignored",
+        f"event is for cluster {cluster.path}, outside this deployment's fleet ({fleet})",
+        logging.INFO if seen == 1 else logging.DEBUG,
+        cluster=cluster.path,
+        count=seen,
+    )
+    return None
 
 
 def coalescer(runtime: Runtime) -> Coalescer:
@@ -93,13 +109,24 @@ def releaser(runtime: Runtime) -> Releaser:
 
 def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
     """Handle a delivery on the pending-pods topic: a pending pod, or a finished node-pool operation."""
-    decoded = events.decode_cloud_event(cloud_event)
-    event = decoded.event
+    event = events.decode_cloud_event(cloud_event).event
+    if not isinstance(
+        event, events.NodePoolOperationDone | events.WorkloadQuotaReserved | events.PodUnschedulable
+    ):
+        _ignore("provision", f"not a pending-pod event: {getattr(event, 'reason', event.kind)}")
+        return None
+    member = _member(runtime, "provision", event.cluster)
+    if member is None:
+        return None
+    logs.annotate(cluster=event.cluster.path)
+    return _provision(member, event)
+
+
+def _provision(
+    runtime: Runtime,
+    event: events.NodePoolOperationDone | events.WorkloadQuotaReserved | events.PodUnschedulable,
+) -> Outcome | None:
     if isinstance(event, events.NodePoolOperationDone):
-        foreign = _foreign(runtime, event.cluster)
-        if foreign:
-            _ignore("provision", foreign)
-            return None
         key = f"operation:{event.method}:{event.pool}"
         if _decided(runtime, "provision", key):
             return None
@@ -120,10 +147,6 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
             CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
         )
     if isinstance(event, events.WorkloadQuotaReserved):
-        foreign = _foreign(runtime, event.cluster)
-        if foreign:
-            _ignore("provision", foreign)
-            return None
         key = f"workload:{event.namespace}/{event.name}"
         if _decided(runtime, "provision", key):
             return None
@@ -132,13 +155,6 @@ def provision(runtime: Runtime, cloud_event: Any) -> Outcome | None:
         why = f"admission check {result.state}: {result.why}" if result.state else result.why
         coalescer(runtime).note(key, why)
         return Outcome(CREATED if result.created else SKIPPED, why, requested=result.created)
-    if not isinstance(event, events.PodUnschedulable):
-        _ignore("provision", f"not a pending-pod event: {getattr(event, 'reason', event.kind)}")
-        return None
-    foreign = _foreign(runtime, event.cluster)
-    if foreign:
-        _ignore("provision", foreign)
-        return None
     # GKE's controller labels name the JobSet even when the pod is already gone.
     owner = event.controller_name if event.controller_type == "JobSet" else ""
     jobset = {"jobset": f"{event.namespace}/{owner}"} if owner else {}
@@ -164,28 +180,119 @@ def release(runtime: Runtime, cloud_event: Any) -> list[str] | None:
     else:
         _ignore("release", f"not a JobSet lifecycle event: {getattr(event, 'reason', event.kind)}")
         return None
-    foreign = _foreign(runtime, event.cluster)
-    if foreign:
-        _ignore("release", foreign)
+    member = _member(runtime, "release", event.cluster)
+    if member is None:
         return None
     key = f"jobset:{type(event).__name__}:{event.namespace}/{event.name}"
-    if _decided(runtime, "release", key):
+    if _decided(member, "release", key):
         return None
-    service = releaser(runtime)
+    service = releaser(member)
+    logs.annotate(cluster=event.cluster.path)
     with logs.bound(jobset=f"{event.namespace}/{event.name}"):
         result: list[str] = service.release(
             event.namespace, event.name, uid, trigger, deleted=isinstance(event, events.JobSetDeleted)
         )
-    coalescer(runtime).note(key, f"released {', '.join(result) or 'nothing'}")
+    coalescer(member).note(key, f"released {', '.join(result) or 'nothing'}")
     return result
 
 
-def reconcile(runtime: Runtime, cloud_event: Any) -> Summary:
-    """Handle a scheduler tick on the reconcile topic (the payload does not matter)."""
-    summary: Summary = reconciler(runtime).sweep()
+def reconcile(runtime: Runtime, cloud_event: Any) -> dict[str, Summary]:
+    """Handle a scheduler tick on the reconcile topic (the payload does not matter): sweep every
+    fleet cluster, side by side, each bounded by RECONCILE_CLUSTER_SECONDS; the sweeps by cluster.
+
+    One cluster's failure (unreachable, denied, rate-limited) is its own: every other sweep runs
+    to its end, then the tick is redelivered for the failed ones (a second sweep of a healthy
+    cluster finds nothing to do). A sweep that outlives its bound goes on in the background and
+    that cluster is skipped until it ends, so a slow cluster neither starves the others nor piles
+    sweeps up.
+    """
+    members = runtime.members()
+    if not members:
+        _ignore("reconcile", "no cluster to sweep: set CLUSTER_NAME or FLEET_CLUSTERS")
+        return {}
+    if len(members) == 1:  # a fleet of one: swept in the delivery itself, its error its answer
+        [member] = members
+        logs.annotate(cluster=member.settings.cluster_path)
+        return {member.settings.cluster_path: _sweep(member)}
+    bound = runtime.settings.reconcile_cluster_seconds
+    pool = _sweeps()
+    started = {m.settings.cluster_path: _start_sweep(pool, m) for m in members}
+    running = {path: f for path, f in started.items() if f is not None}
+    futures.wait(running.values(), timeout=bound)
+    summaries: dict[str, Summary] = {}
+    failed: list[str] = []
+    for path, future in running.items():
+        if not future.done():
+            logs.decision(
+                log,
+                "reconcile.overran",
+                f"the sweep of {path} is still running after {bound}s; it goes on, and the next "
+                "tick skips the cluster until it ends",
+                logging.WARNING,
+                cluster=path,
+            )
+            continue
+        error = future.exception()
+        if error is None:
+            summaries[path] = future.result()
+            continue
+        if not isinstance(error, TransientError | PermanentError):
+            raise error  # a bug: the 500 and its traceback, as for any other delivery
+        logs.decision(
+            log, "reconcile.failed", f"the sweep of {path} failed: {error.why}", logging.ERROR, cluster=path
+        )
+        if isinstance(error, TransientError):
+            failed.append(f"{path}: {error.why}")
+    if failed:
+        raise TransientError("; ".join(failed))
+    return summaries
+
+
+# Sweeps of different clusters that run at once; more fleet clusters queue for a free worker.
+RECONCILE_WORKERS = 8
+_sweep_pool: futures.ThreadPoolExecutor | None = None
+_sweep_pool_lock = threading.Lock()
+
+
+def _sweeps() -> futures.ThreadPoolExecutor:
+    """The process's workers for fleet sweeps (one pool, whatever runtime a test installs)."""
+    global _sweep_pool
+    with _sweep_pool_lock:
+        if _sweep_pool is None:
+            _sweep_pool = futures.ThreadPoolExecutor(RECONCILE_WORKERS, "reconcile")
+        return _sweep_pool
+
+
+def _sweep(member: Runtime) -> Summary:
+    summary: Summary = reconciler(member).sweep()
     # The admission check: keep it Active (Kueue holds ClusterQueues using an inactive check
     # inactive) and look at every Workload still Pending on it (a lost QuotaReserved Event).
-    checker = admission_checker(runtime)
+    checker = admission_checker(member)
     if checker.keep_active():
         checker.sweep()
     return summary
+
+
+def _start_sweep(pool: futures.ThreadPoolExecutor, member: Runtime) -> futures.Future[Summary] | None:
+    """Submit ``member``'s sweep unless its previous one is still running (None then)."""
+    path = member.settings.cluster_path
+    busy: threading.Lock = member.service("sweeping", lambda rt: threading.Lock())
+    if not busy.acquire(blocking=False):
+        logs.decision(
+            log,
+            "reconcile.skipped",
+            f"skipping {path}: its previous sweep is still running",
+            logging.WARNING,
+            cluster=path,
+        )
+        return None
+    context = contextvars.copy_context()  # the delivery's bound log fields go with the sweep
+
+    def sweep() -> Summary:
+        try:
+            with logs.bound(cluster=path):
+                return _sweep(member)
+        finally:
+            busy.release()
+
+    return pool.submit(context.run, sweep)

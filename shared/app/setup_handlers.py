@@ -29,15 +29,16 @@ _DEFAULT_PAYLOADS = (b"", b"{}", b"null")
 
 def objects_for(runtime: Runtime, cluster_path: str) -> ApiClientObjects:
     """The generic-object adapter for ``cluster_path``, built once per instance and cluster."""
-    if cluster_path == runtime.settings.cluster_path:
-        return runtime.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
+    member = runtime.member(cluster_path)
+    if member is not None:  # a fleet cluster: its runtime's own client
+        return member.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
 
     def build(rt: Runtime) -> ApiClientObjects:
         from shared.cloud.kube import connect
 
         return ApiClientObjects(connect(rt.settings, rt.gke, cluster_path).api_client)
 
-    # A cluster being bootstrapped is not the one this deployment manages; reach it by path.
+    # A cluster being bootstrapped is not one this deployment manages; reach it by path.
     return runtime.service(f"objects:{cluster_path}", build)
 
 

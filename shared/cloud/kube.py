@@ -338,7 +338,17 @@ def api_client_for(settings: Settings, gke: Callable[[], Any], cluster_path: str
     if settings.kubeconfig:
         from kubernetes import config as k8s_config
 
-        k8s_config.load_kube_config(config_file=settings.kubeconfig, client_configuration=cfg)
+        try:
+            k8s_config.load_kube_config(
+                config_file=settings.kubeconfig,
+                context=settings.kube_context or None,
+                client_configuration=cfg,
+            )
+        except k8s_config.ConfigException as exc:
+            # A fleet cluster without its context: a deployment error, the same at every redelivery.
+            raise InvalidInputError(
+                f"kubeconfig {settings.kubeconfig} cannot reach {settings.cluster_path}: {exc}"
+            ) from None
         return k8s.ApiClient(cfg)
 
     path = cluster_path or settings.cluster_path

@@ -99,3 +99,11 @@ def bound(**fields: Any) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
+
+
+def annotate(**fields: Any) -> None:
+    """Add fields to every later line of the enclosing ``bound`` block (a delivery's, in
+    ``shared.app.entry.handle``), including the lines written after an error left the handler: the
+    cluster a delivery is about is known only once its event is decoded, and its ``delivery.retry``
+    line must name it too. The block's end drops them with everything else it bound."""
+    _context.set({**_context.get(), **fields})

@@ -53,6 +53,7 @@ _MAXIMUM = {
     "idle_pool_seconds": 3600,  # an idle TPU slice costs money every second it is kept
     # A slice waits at most this long for a retry once capacity is back; longer is lost training time.
     "stockout_backoff_max_seconds": 6 * 3600,
+    "reconcile_cluster_seconds": 280,  # the tick answers inside reconcile's 300 s request timeout
 }
 
 
@@ -172,6 +173,13 @@ def parse_tenants(raw: str) -> tuple[TenantEntry, ...]:
     return tuple(entries)
 
 
+def fleet_context(project: str, location: str, cluster: str) -> str:
+    """The kubeconfig context ``gcloud container clusters get-credentials`` writes for a cluster
+    (googlecloudsdk/api_lib/container/util.py: ``KUBECONTEXT_FORMAT = 'gke_{project}_{zone}_{cluster}'``),
+    so a kubeconfig with every fleet cluster's credentials needs no other naming."""
+    return f"gke_{project}_{location}_{cluster}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the functions can be configured with; see docs/settings.md for the env names."""
@@ -180,6 +188,12 @@ class Settings:
     project_id: str = ""
     location: str = ""
     cluster_name: str = ""
+    # More clusters it manages (cluster paths, comma-separated): the fleet is the managed cluster and
+    # these. Each delivery works on the cluster its event names; an event of any other is dropped.
+    fleet_clusters: tuple[str, ...] = ()
+    # The kubeconfig context to use ("" = its current context). A fleet cluster other than the
+    # managed one is reached through the context gcloud names it (``fleet_context``).
+    kube_context: str = ""
 
     # Where the APIs live. Empty means production (gRPC to GKE, endpoint from get_cluster).
     gke_api_endpoint: str = ""  # e.g. http://127.0.0.1:8089 (REST, anonymous credentials)
@@ -295,6 +309,10 @@ class Settings:
     cordon_settle_seconds: int = 1
     # Keep an idle pool this long for a waiting JobSet of exactly its shape before deleting it.
     idle_pool_seconds: int = 120
+    # One fleet cluster's part of a reconcile tick: the tick waits this long for each cluster's
+    # sweep (they run side by side) and goes on; a sweep still running is skipped at the next tick.
+    # Inside the reconcile service's Cloud Run timeout (300 s in infra/main.tf).
+    reconcile_cluster_seconds: int = 240
 
     # Stockouts and quota (docs/functions.md): a slice GKE could not provision is retried after
     # STOCKOUT_BACKOFF_SECONDS, doubling per failed attempt up to STOCKOUT_BACKOFF_MAX_SECONDS (the
@@ -400,12 +418,16 @@ class Settings:
                 raise InvalidInputError(
                     f"setting {name.upper()}={_quote(value)} is not a sha256 (64 lower-case hex digits)"
                 )
-        for entry in self.setup_clusters:
-            if not _CLUSTER_PATH.match(entry):
-                raise InvalidInputError(
-                    f"setting SETUP_CLUSTERS entry {_quote(entry)} is not "
-                    "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
-                )
+        for setting, paths in (
+            ("SETUP_CLUSTERS", self.setup_clusters),
+            ("FLEET_CLUSTERS", self.fleet_clusters),
+        ):
+            for entry in paths:
+                if not _CLUSTER_PATH.match(entry):
+                    raise InvalidInputError(
+                        f"setting {setting} entry {_quote(entry)} is not "
+                        "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
+                    )
         for name in (
             "create_concurrency",
             "create_concurrency_max",
@@ -413,6 +435,7 @@ class Settings:
             "request_deadline_seconds",
             "kube_list_page_size",
             "max_vms_per_jobset",
+            "reconcile_cluster_seconds",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
@@ -468,9 +491,32 @@ class Settings:
         return f"projects/{self.project_id}/locations/{self.location}/clusters/{self.cluster_name}"
 
     @property
+    def fleet_paths(self) -> tuple[str, ...]:
+        """The clusters this deployment manages: the managed one (when named), then FLEET_CLUSTERS."""
+        own = (self.cluster_path,) if self.cluster_name else ()
+        return tuple(dict.fromkeys((*own, *self.fleet_clusters)))
+
+    def for_cluster(self, path: str) -> Settings:
+        """These settings with the managed cluster ``path`` (one of ``fleet_paths``): what one fleet
+        cluster's services run with. Another cluster is not behind the managed cluster's endpoint
+        or kubeconfig context: it is reached through its own context (``fleet_context``) in a
+        kubeconfig, or looked up in GKE."""
+        if path == self.cluster_path:
+            return self
+        _, project, _, location, _, name = path.split("/")
+        return dataclasses.replace(
+            self,
+            project_id=project,
+            location=location,
+            cluster_name=name,
+            kube_api_endpoint="",
+            kube_context=fleet_context(project, location, name) if self.kubeconfig else "",
+        )
+
+    @property
     def setup_cluster_paths(self) -> tuple[str, ...]:
-        """The clusters setup_cluster may install on: the managed one, then SETUP_CLUSTERS."""
-        return tuple(dict.fromkeys((self.cluster_path, *self.setup_clusters)))
+        """The clusters setup_cluster may install on: the fleet, then SETUP_CLUSTERS."""
+        return tuple(dict.fromkeys((self.cluster_path, *self.fleet_paths, *self.setup_clusters)))
 
     @property
     def tenant_entries(self) -> tuple[TenantEntry, ...]:

@@ -14,6 +14,7 @@ provider is needed: the condition module and the variable blocks are pure).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from shared.app.deployment import sink_clusters
 from shared.core.settings import Settings
 from tests.infra.hcl import INFRA, TF_ENV, first, hcl_block, module
 
@@ -137,10 +139,11 @@ def test_each_function_role_and_the_setup_admin_are_bound_with_a_cluster_conditi
     assert first(grant["condition"])["expression"] == "${module.managed_cluster_condition.expression}"
     admin = root.resource("google_project_iam_member", "setup_cluster_admin")
     assert first(admin["condition"])["expression"] == "${module.setup_cluster_condition.expression}"
-    assert root.modules["managed_cluster_condition"]["clusters"] == ["${local.managed_cluster}"]
+    assert root.modules["managed_cluster_condition"]["clusters"] == "${local.fleet}"
+    assert root.locals["fleet"] == "${distinct(concat([local.managed_cluster], var.fleet_clusters))}"
     assert (
         root.modules["setup_cluster_condition"]["clusters"]
-        == "${distinct(concat([local.managed_cluster], var.setup_clusters))}"
+        == "${distinct(concat(local.fleet, var.setup_clusters))}"
     )
     assert root.locals["managed_cluster"] == (
         "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
@@ -151,6 +154,8 @@ def test_each_function_role_and_the_setup_admin_are_bound_with_a_cluster_conditi
     # setup_cluster accepts exactly the clusters its grant covers (shared.app.setup_handlers).
     env = root.locals["function_env"]
     assert env["SETUP_CLUSTERS"] == '${join(",", var.setup_clusters)}'
+    # The functions manage exactly the clusters the grants and the sinks cover.
+    assert env["FLEET_CLUSTERS"] == '${join(",", var.fleet_clusters)}'
     # Every Kubernetes Engine Admin grant is the conditioned one.
     admins = [
         g for g in root.of_type("google_project_iam_member").values() if g["role"] == "roles/container.admin"
@@ -169,18 +174,43 @@ def test_each_function_role_and_the_setup_admin_are_bound_with_a_cluster_conditi
     ],
     ids=["none", "same-project", "other-project", "zones-form"],
 )
-def test_setup_clusters_are_clusters_of_the_deployments_project(
-    tmp_path: Path, clusters: list[str], accepted: bool
+@pytest.mark.parametrize("variable", ["setup_clusters", "fleet_clusters"])
+def test_setup_and_fleet_clusters_are_clusters_of_the_deployments_project(
+    tmp_path: Path, clusters: list[str], accepted: bool, variable: str
 ) -> None:
     variables = INFRA / "variables.tf"
     (tmp_path / "main.tf").write_text(
         hcl_block(variables, 'variable "project_id"')
         + "\n\n"
-        + hcl_block(variables, 'variable "setup_clusters"')
+        + hcl_block(variables, f'variable "{variable}"')
         + "\n"
     )
-    result = _apply(tmp_path, {"project_id": "my-project", "setup_clusters": clusters})
+    result = _apply(tmp_path, {"project_id": "my-project", variable: clusters})
     assert (result.returncode == 0) is accepted, result.stdout + result.stderr
+
+
+@needs_terraform
+def test_the_sinks_name_the_fleet_as_the_sandbox_does(tmp_path: Path) -> None:
+    # Terraform's own evaluation of sink_template_vars.clusters over a fleet, against the clause
+    # the sandbox's log router filters with (shared.app.deployment.sink_clusters).
+    fleet = [
+        "projects/p/locations/us-central2-b/clusters/home",
+        "projects/p/locations/us-east5/clusters/second",
+    ]
+    expression = module().locals["sink_template_vars"]["clusters"].removeprefix("${").removesuffix("}")
+    expression = expression.replace("local.fleet", json.dumps(fleet))
+    env = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
+    result = subprocess.run(
+        ["terraform", "console"],
+        input=f"jsonencode({expression})",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(json.loads(result.stdout)) == sink_clusters(fleet)
 
 
 # --- topic publishers ---------------------------------------------------------------------------

@@ -202,11 +202,9 @@ def test_each_sink_reads_its_filter_file_and_feeds_its_functions_topic() -> None
         == '${templatefile("${path.module}/../sinks/${each.key}.filter", local.sink_template_vars)}'
     )
     assert call["topic_id"] == "${module.pubsub[each.value].topic_id}"
-    assert root.locals["sink_template_vars"] == {
-        "project_id": "${var.project_id}",
-        "location": "${var.cluster_location}",
-        "cluster_name": "${var.cluster_name}",
-    }
+    assert set(root.locals["sink_template_vars"]) == {"project_id", "clusters"}
+    assert root.locals["sink_template_vars"]["project_id"] == "${var.project_id}"
+    assert "local.fleet" in root.locals["sink_template_vars"]["clusters"]  # its value: test_iam_scope
     for name in SINK_WIRING:
         assert (ROOT / "sinks" / f"{name}.filter").is_file()
 

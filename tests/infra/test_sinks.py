@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from sandbox.emulators.logging.filter import LogFilter, load_filter, render_template
+from shared.app.deployment import sink_clusters
 from shared.events import entries as logentries
 from shared.events.envelope import (
     ClusterId,
@@ -34,7 +35,7 @@ SINKS = ROOT / "sinks"
 CLUSTER = ClusterId("sink-proj", "us-central2-b", "tpu-cluster")
 OTHER_CLUSTER = ClusterId("sink-proj", "us-central2-b", "other-cluster")
 OTHER_PROJECT = ClusterId("elsewhere", "us-central2-b", "tpu-cluster")
-SUBS = {"project_id": CLUSTER.project, "location": CLUSTER.location, "cluster_name": CLUSTER.name}
+SUBS = {"project_id": CLUSTER.project, "clusters": sink_clusters([CLUSTER.path])}
 UID = "6f1c3c52-8b4e-4a57-9d1a-0c8f3b1e2d44"
 FILTER_NAMES = (
     "pending-tpu-pods",
@@ -326,6 +327,19 @@ def test_every_filter_file_is_documented_and_loads() -> None:
         sink(name)  # parses within the supported subset
 
 
+def test_a_fleet_sink_exports_the_events_of_each_fleet_cluster_and_of_no_other() -> None:
+    fleet = {**SUBS, "clusters": sink_clusters([CLUSTER.path, OTHER_CLUSTER.path])}
+    pending = load_filter(SINKS / "pending-tpu-pods.filter", fleet)
+    finished = load_filter(SINKS / "jobset-lifecycle.filter", fleet)
+    third = ClusterId(CLUSTER.project, "us-east5-b", CLUSTER.name)  # same name, another location
+    for cluster, exported in ((CLUSTER, True), (OTHER_CLUSTER, True), (third, False), (OTHER_PROJECT, False)):
+        pod = logentries.pod_event_entry(cluster, "team-a", "t-0", UID, controller=("JobSet", "t"))
+        assert pending.matches(pod) is exported, cluster
+        assert finished.matches(logentries.jobset_event_entry(cluster, "team-a", "t", UID)) is exported, (
+            cluster
+        )
+
+
 def test_filters_only_reference_known_placeholders() -> None:
     for name in FILTER_NAMES:
         text = (SINKS / f"{name}.filter").read_text()
@@ -336,7 +350,7 @@ def test_filters_only_reference_known_placeholders() -> None:
 @pytest.mark.skipif(shutil.which("terraform") is None, reason="terraform is not installed")
 def test_terraform_templatefile_renders_the_same_text(tmp_path: Path) -> None:
     """Terraform's own templatefile() (via `terraform console`, which needs no providers) agrees."""
-    vars_hcl = ", ".join(f'{k} = "{v}"' for k, v in SUBS.items())
+    vars_hcl = ", ".join(f"{k} = {json.dumps(v)}" for k, v in SUBS.items())  # JSON strings are HCL ones
     expr = (
         "jsonencode({"
         + ", ".join(

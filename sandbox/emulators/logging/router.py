@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from sandbox.emulators.logging.filter import LogFilter, load_filter
 from sandbox.emulators.worker import QueueWorker
+from shared.app.deployment import sink_clusters
 from shared.core import labels
 from shared.events.entries import (
     jobset_delete_audit_entry,
@@ -109,11 +110,7 @@ class LogRouter:
         self.publisher = publisher
         self.note = note
         self.deleted_by = deleted_by
-        substitutions = {
-            "project_id": cluster.project,
-            "location": cluster.location,
-            "cluster_name": cluster.name,
-        }
+        substitutions = {"project_id": cluster.project, "clusters": sink_clusters([cluster.path])}
         self.filters: dict[str, LogFilter] = {
             name: load_filter(sinks_dir / f"{name}.filter", substitutions) for name in self.sink_topics
         }

@@ -164,3 +164,41 @@ def test_setup_clusters_are_the_managed_one_and_the_listed_ones() -> None:
 def test_a_setup_cluster_must_be_a_cluster_path(entry: str) -> None:
     with pytest.raises(InvalidInputError, match=r"SETUP_CLUSTERS entry .* is not projects/PROJECT/locations"):
         Settings.from_env({"SETUP_CLUSTERS": entry})
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+def test_the_fleet_is_the_managed_cluster_and_the_listed_ones_each_reached_by_its_own_context() -> None:
+    settings = Settings.from_env(
+        {
+            "PROJECT_ID": "p",
+            "LOCATION": "us-central2-b",
+            "CLUSTER_NAME": "c",
+            "KUBECONFIG": "/k",
+            "KUBE_API_ENDPOINT": "https://10.0.0.1",
+            "FLEET_CLUSTERS": (
+                "projects/q/locations/us-east5/clusters/d, projects/p/locations/us-central2-b/clusters/c"
+            ),
+        }
+    )
+    assert settings.fleet_paths == (
+        "projects/p/locations/us-central2-b/clusters/c",
+        "projects/q/locations/us-east5/clusters/d",
+    )
+    assert settings.for_cluster(settings.cluster_path) is settings
+    other = settings.for_cluster("projects/q/locations/us-east5/clusters/d")
+    assert (other.project_id, other.location, other.cluster_name) == ("q", "us-east5", "d")
+    # Not the managed cluster's endpoint: the context gcloud get-credentials writes for it.
+    assert (other.kube_api_endpoint, other.kube_context) == ("", "gke_q_us-east5_d")
+    assert "projects/q/locations/us-east5/clusters/d" in settings.setup_cluster_paths
+    assert Settings(project_id="p", location="l", cluster_name="c").fleet_paths == (
+        "projects/p/locations/l/clusters/c",
+    )
+
+
+def test_a_fleet_cluster_must_be_a_cluster_path() -> None:
+    with pytest.raises(
+        InvalidInputError, match=r'FLEET_CLUSTERS entry "projects/p/zones/z" is not projects/PROJECT'
+    ):
+        Settings.from_env({"FLEET_CLUSTERS": "projects/p/zones/z"})

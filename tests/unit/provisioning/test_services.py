@@ -382,3 +382,32 @@ def test_one_instance_builds_its_services_once_and_every_orchestrator_shares_the
     assert provision.known_pools is sweep.provisioner.known_pools
     # and each orchestrator itself once per instance
     assert handlers.provisioner(runtime) is provision and handlers.admission_checker(runtime) is check
+
+
+def test_each_fleet_cluster_has_its_own_service_graph_and_an_outsider_none(gke, kube):
+    # GKE counts operations and request quota per cluster: one cluster's slots, backoffs and
+    # learnt limits must not be another's. The GKE client itself names the cluster in every call.
+    from shared.app import entry, handlers
+
+    second = "projects/p2/locations/us-east5-b/clusters/second"
+    runtime = entry.Runtime(SETTINGS.with_overrides(fleet_clusters=(second,)))
+    runtime._cache.update({"gke": gke, "kube": kube})
+    member = runtime.member(second)
+    assert member is not None and runtime.member(SETTINGS.cluster_path) is runtime
+    assert member.member(second) is member and runtime.members() == [runtime, member]
+    assert member.settings.cluster_path == second and member.gke() is gke
+    assert runtime.member("projects/p/locations/l/clusters/unknown") is None
+    member._cache["kube"] = kube
+    mine, theirs = handlers.provisioner(runtime), handlers.provisioner(member)
+    assert mine is not theirs and mine.slots is not theirs.slots and mine.backoff is not theirs.backoff
+
+
+def test_events_of_clusters_outside_the_fleet_are_counted_in_bounded_memory():
+    from shared.app import entry
+
+    runtime = entry.Runtime(SETTINGS)
+    for n in range(entry.OUTSIDERS_KEPT + 50):
+        runtime.outsider(f"projects/x/locations/l/clusters/c{n}")
+    assert runtime.outsider("projects/x/locations/l/clusters/c0") == 2  # still counted by name
+    assert len(runtime.outsiders) == entry.OUTSIDERS_KEPT + 1  # the rest under "other"
+    assert runtime.outsiders["other"] == 50

@@ -1,0 +1,154 @@
+"""Wire level: one deployment serving several clusters (FLEET_CLUSTERS), each delivery on the
+cluster its event names.
+
+The GKE emulator knows three clusters; two of them ("home", the managed one, and "second") are
+served by the real API server (a kubeconfig context each, named as ``gcloud container clusters
+get-credentials`` names them), the third ("down") by a port nothing listens on. A fourth cluster
+is outside the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.sockets import free_port
+from sandbox.jobsets import tpu_jobset
+from sandbox.testing.fixtures.kube import KubeHandle
+from sandbox.testing.fnclient import LoggedFunction, served_function
+from shared.core import labels
+from shared.core.settings import Settings, fleet_context
+from shared.events.envelope import ClusterId
+from tests.functions.deliveries import pending_event
+
+pytestmark = pytest.mark.integration
+
+PROJECT, LOCATION = "test-proj", "us-central2-b"
+HOME = ClusterId(PROJECT, LOCATION, "home")
+SECOND = ClusterId(PROJECT, LOCATION, "second")
+DOWN = ClusterId(PROJECT, LOCATION, "down")
+OUTSIDER = ClusterId("someone-else", LOCATION, "theirs")
+
+
+@pytest.fixture
+def gke() -> Iterator[GkeEmulator]:
+    seeds = [ClusterSeed(c.project, c.location, c.name, locations=(LOCATION,)) for c in (HOME, SECOND, DOWN)]
+    emulator = GkeEmulator(seeds, op_delay=0)
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
+    """The function's kubeconfig with a context per fleet cluster: home is the current context,
+    second the same API server under its gcloud name, down a port nothing listens on."""
+    config: dict[str, Any] = yaml.safe_load(kube.kubeconfig_for(function).read_text())
+    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    server = next(c for c in config["clusters"] if c["name"] == current["context"]["cluster"])
+    dead = {
+        **server,
+        "name": "down",
+        "cluster": {**server["cluster"], "server": f"https://127.0.0.1:{free_port()}"},
+    }
+    config["clusters"].append(dead)
+    config["contexts"] += [
+        {"name": fleet_context(SECOND.project, SECOND.location, SECOND.name), "context": current["context"]},
+        {
+            "name": fleet_context(DOWN.project, DOWN.location, DOWN.name),
+            "context": {**current["context"], "cluster": "down"},
+        },
+    ]
+    path = folder / f"kubeconfig-fleet-{function}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def serve(gke: GkeEmulator, kube_server: KubeHandle, tmp_path: Path) -> Any:
+    def start(function: str) -> Any:
+        settings = Settings(
+            unlimited_spending=True,
+            project_id=HOME.project,
+            location=HOME.location,
+            cluster_name=HOME.name,
+            fleet_clusters=(SECOND.path, DOWN.path),
+            gke_api_endpoint=gke.url,
+            kubeconfig=str(fleet_kubeconfig(kube_server, function, tmp_path)),
+            event_coalesce_seconds=0,
+        )
+        return served_function(function, settings, f"tpuprov-{function}")
+
+    return start
+
+
+def names(gke: GkeEmulator, cluster: ClusterId) -> list[str]:
+    return sorted(p["name"] for p in gke.pools(cluster.path))
+
+
+def test_each_delivery_creates_the_pool_in_the_cluster_its_event_names(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-a", "team-a", replicas=1))
+    function: LoggedFunction
+    with serve("provision") as function:
+        assert function.function.post_entry(pending_event(pods[0], cluster=SECOND)).status_code == 200
+        [created] = function.events("provision.created")
+    [pool] = gke.pools(SECOND.path)
+    assert names(gke, HOME) == [] and names(gke, DOWN) == []
+    assert pool["config"]["labels"][labels.MANAGED_BY] == labels.MANAGED_BY_VALUE
+    assert created["cluster"] == SECOND.path  # every line of the delivery names its cluster
+
+
+def test_an_unreachable_cluster_is_redelivered_and_delays_no_other(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-b", "team-a", replicas=1))
+    with serve("provision") as function:
+        down = function.function.post_entry(pending_event(pods[0], cluster=DOWN))
+        home = function.function.post_entry(pending_event(pods[0], cluster=HOME))
+        [retry] = function.events("delivery.retry")
+    assert down.status_code == 503  # its own message comes back; nothing is lost
+    assert retry["cluster"] == DOWN.path
+    assert home.status_code == 200
+    assert len(names(gke, HOME)) == 1 and names(gke, DOWN) == []
+
+
+def test_an_event_of_a_cluster_outside_the_fleet_is_acknowledged_counted_and_costs_no_call(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-c", "team-a", replicas=1))
+    with serve("provision") as function:
+        for _ in range(3):
+            assert function.function.post_entry(pending_event(pods[0], cluster=OUTSIDER)).status_code == 200
+        said = function.events("provision.ignored")
+    assert gke.calls == []  # not one GKE request, not even the cluster lookup
+    # Said once at INFO; the repeats only at DEBUG (not in the deployed log), with their count.
+    [first] = said
+    assert first["count"] == 1 and OUTSIDER.path in first["message"]
+    assert HOME.path in first["message"] and SECOND.path in first["message"]
+
+
+def test_a_reconcile_tick_sweeps_every_fleet_cluster_and_a_failing_one_stops_none(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-d", "team-a", replicas=1))
+    with serve("provision") as function:
+        for cluster in (HOME, SECOND):
+            assert function.function.post_entry(pending_event(pods[0], cluster=cluster)).status_code == 200
+    assert len(names(gke, HOME)) == 1 and len(names(gke, SECOND)) == 1
+    kube_server.delete("jobset.x-k8s.io/v1alpha2", "jobsets", "team-a", "fleet-d")
+
+    with serve("reconcile") as function:
+        tick = function.post(b"{}")  # Cloud Scheduler's tick: the payload does not matter
+        failed = function.events("reconcile.failed")
+    # The JobSet is gone: both reachable clusters' pools go in the same tick, whatever "down" does.
+    assert names(gke, HOME) == [] and names(gke, SECOND) == []
+    assert [f["cluster"] for f in failed] == [DOWN.path]
+    assert tick.status_code == 503  # redelivered for the cluster that failed
