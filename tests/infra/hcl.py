@@ -120,3 +120,21 @@ def hcl_block(path: Path, header: str) -> str:
             if depth == 0:
                 return text[start : i + 1]
         i += 1
+
+
+def terraform_json(expression: str, workdir: Path) -> Any:
+    """What ``terraform console`` (no configuration, no provider) makes of ``jsonencode(expression)``."""
+    import json
+    import subprocess
+
+    result = subprocess.run(
+        ["terraform", "console"],
+        input=f"jsonencode({expression})",
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=TF_ENV,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(json.loads(result.stdout))

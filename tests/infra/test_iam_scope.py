@@ -14,7 +14,6 @@ provider is needed: the condition module and the variable blocks are pure).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 
 from shared.app.deployment import sink_clusters
 from shared.core.settings import Settings
-from tests.infra.hcl import INFRA, TF_ENV, first, hcl_block, module
+from tests.infra.hcl import INFRA, TF_ENV, first, hcl_block, module, terraform_json
 
 TERRAFORM = shutil.which("terraform")
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
@@ -199,18 +198,7 @@ def test_the_sinks_name_the_fleet_as_the_sandbox_does(tmp_path: Path) -> None:
     ]
     expression = module().locals["sink_template_vars"]["clusters"].removeprefix("${").removesuffix("}")
     expression = expression.replace("local.fleet", json.dumps(fleet))
-    env = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
-    result = subprocess.run(
-        ["terraform", "console"],
-        input=f"jsonencode({expression})",
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    assert json.loads(json.loads(result.stdout)) == sink_clusters(fleet)
+    assert terraform_json(expression, tmp_path) == sink_clusters(fleet)
 
 
 # --- topic publishers ---------------------------------------------------------------------------

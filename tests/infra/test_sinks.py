@@ -7,9 +7,7 @@ files must render the same through the sandbox's template code and Terraform's `
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from shared.events.envelope import (
     WorkloadQuotaReserved,
     decode_log_entry,
 )
+from tests.infra.hcl import terraform_json
 from tests.paths import REPO
 
 ROOT = REPO
@@ -352,24 +351,13 @@ def test_terraform_templatefile_renders_the_same_text(tmp_path: Path) -> None:
     """Terraform's own templatefile() (via `terraform console`, which needs no providers) agrees."""
     vars_hcl = ", ".join(f"{k} = {json.dumps(v)}" for k, v in SUBS.items())  # JSON strings are HCL ones
     expr = (
-        "jsonencode({"
+        "{"
         + ", ".join(
             f'"{n}" = templatefile("{SINKS / (n + ".filter")}", {{{vars_hcl}}})' for n in FILTER_NAMES
         )
-        + "})"
+        + "}"
     )
-    env = {**os.environ, "TF_CLI_CONFIG_FILE": os.devnull, "CHECKPOINT_DISABLE": "1"}
-    result = subprocess.run(
-        ["terraform", "console"],
-        input=expr,
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=120,
-        check=True,
-    )
-    rendered = json.loads(json.loads(result.stdout))
+    rendered = terraform_json(expr, tmp_path)
     for name in FILTER_NAMES:
         assert rendered[name] == sink(name).text, name
 
