@@ -351,15 +351,25 @@ class RealStack:
 
     def apply_kueue(self, text: str | None = None, timeout: float = 60.0) -> None:
         """Publish a queue configuration (the packaged default when None) to apply_kueue's topic, as
-        an operator does, and wait until its ClusterQueues exist."""
+        an operator does, and wait until the function says it applied it and its ClusterQueues
+        exist. The queues appear while the function still writes the rest (and before its
+        ``kueue.applied`` line): what an operator waits for is the function's answer."""
         config = parse_config(text) if text is not None else load_config()
+        applied = len(self.decisions("kueue.applied", "apply_kueue"))
         topic = self.publisher.topic_path(self.config.project, wiring("apply_kueue").topic(TOPIC_PREFIX))
         self.publisher.publish(topic, (text or "").encode()).result(timeout=30)
         self.timeline.add("user", "published a Kueue configuration to apply_kueue's topic")
         api = self.kube_cluster.client()
         queues = [str(o["metadata"]["name"]) for o in render(config) if o["kind"] == "ClusterQueue"]
         path = collection(KUEUE_API, "clusterqueues", None)
-        self.wait_for(lambda: all(api.get(f"{path}/{q}") for q in queues), timeout, "the Kueue queues")
+        self.wait_for(
+            lambda: (
+                len(self.decisions("kueue.applied", "apply_kueue")) > applied
+                and all(api.get(f"{path}/{q}") for q in queues)
+            ),
+            timeout,
+            "apply_kueue to apply the Kueue queues",
+        )
 
     def killed_pods(self) -> list[str]:
         """Pods a pool deletion killed, read from the real pods (``PodFates``)."""

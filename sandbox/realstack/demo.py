@@ -23,10 +23,8 @@ from typing import Any
 from sandbox.jobsets import cpu_jobset, tpu_jobset
 from sandbox.realstack.core import RealStack
 from sandbox.stack.summary import StackSummary
-from shared.app.deployment import TOPIC_PREFIX, wiring
 from shared.core import labels
-from shared.kueue.config import DEFAULT_CONFIG, parse_config
-from shared.kueue.render import render
+from shared.kueue.config import DEFAULT_CONFIG
 
 NAMESPACE = "default"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
@@ -66,15 +64,8 @@ def queued_jobset(name: str, slices: int, run_seconds: float) -> dict[str, Any]:
 
 
 def apply_queues(stack: RealStack, text: str, timeout: float) -> None:
-    """Publish a queue configuration to apply_kueue's topic and wait until its ClusterQueues exist."""
-    topic = stack.publisher.topic_path(stack.config.project, wiring("apply_kueue").topic(TOPIC_PREFIX))
-    stack.publisher.publish(topic, text.encode()).result(timeout=30)
-    stack.timeline.add("user", "published a Kueue configuration to apply_kueue's topic")
-    api = stack.kube_cluster.client()
-    queues = [str(o["metadata"]["name"]) for o in render(parse_config(text)) if o["kind"] == "ClusterQueue"]
-    stack.wait_for(
-        lambda: all(api.get(f"{KUEUE_API}/clusterqueues/{q}") for q in queues), timeout, "the Kueue queues"
-    )
+    """Publish a queue configuration to apply_kueue's topic and wait until it is applied."""
+    stack.apply_kueue(text, timeout)
 
 
 def apply_default_queues(stack: RealStack, timeout: float) -> None:
