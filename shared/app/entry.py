@@ -53,6 +53,13 @@ class Runtime:
             capacity.parse_policy(settings.capacity_policy)
         except ValueError as exc:
             raise InvalidInputError(f"setting CAPACITY_POLICY: {exc}") from None
+        for path in settings.fleet_paths if fleet is None else ():
+            try:  # and each fleet cluster's own (FLEET_OVERRIDES), before its first event
+                capacity.parse_policy(settings.for_cluster(path).capacity_policy)
+            except ValueError as exc:
+                raise InvalidInputError(
+                    f'FLEET_OVERRIDES["{path}"]: setting CAPACITY_POLICY: {exc}'
+                ) from None
         self.settings = settings
         self._fleet = fleet
         self._lock = threading.RLock()  # services built under it ask for the adapters

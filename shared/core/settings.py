@@ -180,6 +180,97 @@ def fleet_context(project: str, location: str, cluster: str) -> str:
     return f"gke_{project}_{location}_{cluster}"
 
 
+def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
+    """One setting's value from its env variable's text (bad values raise InvalidInputError)."""
+    name = field.name.upper()
+    default = field.default
+    if isinstance(default, bool):
+        return _bool(raw, name)
+    if isinstance(default, int):
+        value = _int(raw, name)
+        limit = _MAXIMUM.get(field.name)
+        if limit is not None and value > limit:
+            raise InvalidInputError(f"setting {name}={value} must be <= {limit}")
+        return value
+    if isinstance(default, tuple):
+        return _list(raw) or (default if field.name == "oauth_scopes" else ())
+    return raw.strip()
+
+
+# What FLEET_OVERRIDES may set per cluster: where and how its pools are made, and what it may spend.
+# Not the delivery, endpoint or timing settings, which are the deployment's.
+FLEET_OVERRIDABLE = frozenset(
+    {
+        "NODE_LOCATIONS",
+        "NODE_SERVICE_ACCOUNT",
+        "OAUTH_SCOPES",
+        "CAPACITY_POLICY",
+        "DISK_SIZE_GB",
+        "DISK_TYPE",
+        "BOOT_DISK_KMS_KEY",
+        "SECONDARY_BOOT_DISKS",
+        "ADDITIONAL_NODE_NETWORKS",
+        "MAX_PODS_PER_NODE",
+        "NAMESPACE_ALLOWLIST",
+        "ALLOWED_ACCELERATORS",
+        "MAX_CHIPS_PER_SLICE",
+        "MAX_VMS_PER_JOBSET",
+        "CHIP_BUDGET",
+        "TENANTS",
+        "KUEUE_ONLY",
+        "DRAIN",
+        "IDLE_POOL_SECONDS",
+        "RELEASE_GRACE_SECONDS",
+        "SUSPEND_GRACE_SECONDS",
+        "TPU7X_WORKLOAD_POLICY",
+    }
+)
+
+
+def parse_fleet_overrides(text: str, fleet: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """FLEET_OVERRIDES as {cluster path: {setting: raw value}}; an error names the cluster and the key.
+    ``fleet``: the clusters that may be named (not the managed one, whose settings are the defaults)."""
+    if not text.strip():
+        return {}
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(f"setting FLEET_OVERRIDES is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInputError("setting FLEET_OVERRIDES must be an object {cluster path: {SETTING: value}}")
+    parsed: dict[str, dict[str, str]] = {}
+    for cluster, values in document.items():
+        if cluster not in fleet:
+            raise InvalidInputError(
+                f"setting FLEET_OVERRIDES names cluster {_quote(cluster)}, not one of FLEET_CLUSTERS "
+                f"({', '.join(fleet) or 'none'}; the managed cluster's settings are the defaults themselves)"
+            )
+        if not isinstance(values, dict):
+            raise InvalidInputError(
+                f"setting FLEET_OVERRIDES[{_quote(cluster)}] must be an object of settings"
+            )
+        mine: dict[str, str] = {}
+        for key, value in values.items():
+            if key not in FLEET_OVERRIDABLE:
+                raise InvalidInputError(
+                    f"setting FLEET_OVERRIDES[{_quote(cluster)}] key {_quote(key)} is not a setting one "
+                    f"cluster may override (one of {', '.join(sorted(FLEET_OVERRIDABLE))})"
+                )
+            if isinstance(value, bool):
+                value = str(value).lower()
+            elif isinstance(value, list):
+                value = ",".join(str(v) for v in value)
+            elif isinstance(value, int | float | dict):
+                value = json.dumps(value) if isinstance(value, dict) else str(value)
+            if not isinstance(value, str):
+                raise InvalidInputError(
+                    f"setting FLEET_OVERRIDES[{_quote(cluster)}] key {key} has no usable value"
+                )
+            mine[key] = value
+        parsed[cluster] = mine
+    return parsed
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Everything the functions can be configured with; see docs/settings.md for the env names."""
@@ -194,6 +285,9 @@ class Settings:
     # The kubeconfig context to use ("" = its current context). A fleet cluster other than the
     # managed one is reached through the context gcloud names it (``fleet_context``).
     kube_context: str = ""
+    # Per-cluster settings: a JSON object {cluster path: {SETTING: value}}; the other settings are
+    # every cluster's defaults. Only FLEET_OVERRIDABLE settings, each parsed as its env variable is.
+    fleet_overrides: str = ""
 
     # Where the APIs live. Empty means production (gRPC to GKE, endpoint from get_cluster).
     gke_api_endpoint: str = ""  # e.g. http://127.0.0.1:8089 (REST, anonymous credentials)
@@ -428,6 +522,17 @@ class Settings:
                         f"setting {setting} entry {_quote(entry)} is not "
                         "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
                     )
+        if self.fleet_overrides:
+            for path in parse_fleet_overrides(self.fleet_overrides, self._overridable):
+                try:
+                    self.for_cluster(path)  # each cluster's settings validated as a whole
+                except InvalidInputError as exc:
+                    why = (
+                        exc.why
+                        if "FLEET_OVERRIDES" in exc.why
+                        else f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}"
+                    )
+                    raise InvalidInputError(why) from None
         for name in (
             "create_concurrency",
             "create_concurrency_max",
@@ -452,21 +557,8 @@ class Settings:
         kwargs: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             name = field.name.upper()
-            if name not in source:
-                continue
-            raw = source[name]
-            default = field.default
-            if isinstance(default, bool):
-                kwargs[field.name] = _bool(raw, name)
-            elif isinstance(default, int):
-                kwargs[field.name] = _int(raw, name)
-                limit = _MAXIMUM.get(field.name)
-                if limit is not None and kwargs[field.name] > limit:
-                    raise InvalidInputError(f"setting {name}={kwargs[field.name]} must be <= {limit}")
-            elif isinstance(default, tuple):
-                kwargs[field.name] = _list(raw) or (default if field.name == "oauth_scopes" else ())
-            else:
-                kwargs[field.name] = raw.strip()
+            if name in source:
+                kwargs[field.name] = _parse(field, source[name])
         # Cloud Run sets GOOGLE_CLOUD_PROJECT; accept it when PROJECT_ID is absent.
         if "project_id" not in kwargs and source.get("GOOGLE_CLOUD_PROJECT"):
             kwargs["project_id"] = source["GOOGLE_CLOUD_PROJECT"].strip()
@@ -496,6 +588,10 @@ class Settings:
         own = (self.cluster_path,) if self.cluster_name else ()
         return tuple(dict.fromkeys((*own, *self.fleet_clusters)))
 
+    @property
+    def _overridable(self) -> tuple[str, ...]:
+        return tuple(p for p in self.fleet_paths if p != self.cluster_path)
+
     def for_cluster(self, path: str) -> Settings:
         """These settings with the managed cluster ``path`` (one of ``fleet_paths``): what one fleet
         cluster's services run with. Another cluster is not behind the managed cluster's endpoint
@@ -511,7 +607,21 @@ class Settings:
             cluster_name=name,
             kube_api_endpoint="",
             kube_context=fleet_context(project, location, name) if self.kubeconfig else "",
+            fleet_overrides="",
+            **self._overrides_of(path),
         )
+
+    def _overrides_of(self, path: str) -> dict[str, Any]:
+        """FLEET_OVERRIDES of ``path`` as field values; an error names the cluster and the key."""
+        fields = {f.name.upper(): f for f in dataclasses.fields(Settings)}
+        values = parse_fleet_overrides(self.fleet_overrides, self._overridable).get(path, {})
+        out: dict[str, Any] = {}
+        for key, raw in values.items():
+            try:
+                out[fields[key].name] = _parse(fields[key], raw)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}") from None
+        return out
 
     @property
     def setup_cluster_paths(self) -> tuple[str, ...]:

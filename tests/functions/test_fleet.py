@@ -9,6 +9,7 @@ is outside the fleet.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,9 @@ def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
 
 @pytest.fixture
 def serve(gke: GkeEmulator, kube_server: KubeHandle, tmp_path: Path) -> Any:
-    def start(function: str) -> Any:
+    def start(function: str, overrides: str = "") -> Any:
         settings = Settings(
+            fleet_overrides=overrides,
             unlimited_spending=True,
             project_id=HOME.project,
             location=HOME.location,
@@ -152,3 +154,16 @@ def test_a_reconcile_tick_sweeps_every_fleet_cluster_and_a_failing_one_stops_non
     assert names(gke, HOME) == [] and names(gke, SECOND) == []
     assert [f["cluster"] for f in failed] == [DOWN.path]
     assert tick.status_code == 503  # redelivered for the cluster that failed
+
+
+def test_a_fleet_clusters_own_settings_decide_its_deliveries(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    # FLEET_OVERRIDES: the second cluster is being drained; the managed one keeps the defaults.
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-e", "team-a", replicas=1))
+    with serve("provision", json.dumps({SECOND.path: {"DRAIN": True}})) as function:
+        for cluster in (SECOND, HOME):
+            assert function.function.post_entry(pending_event(pods[0], cluster=cluster)).status_code == 200
+        refused = [e for e in function.events("provision.refused") if e.get("cluster") == SECOND.path]
+    assert names(gke, SECOND) == [] and len(names(gke, HOME)) == 1
+    assert refused and "drain" in refused[0]["message"].lower()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shared.core.errors import InvalidInputError
@@ -202,3 +204,73 @@ def test_a_fleet_cluster_must_be_a_cluster_path() -> None:
         InvalidInputError, match=r'FLEET_CLUSTERS entry "projects/p/zones/z" is not projects/PROJECT'
     ):
         Settings.from_env({"FLEET_CLUSTERS": "projects/p/zones/z"})
+
+
+SECOND = "projects/q/locations/us-east5/clusters/d"
+
+
+def fleet_env(overrides: object) -> dict[str, str]:
+    return {
+        "PROJECT_ID": "p",
+        "LOCATION": "us-central2-b",
+        "CLUSTER_NAME": "c",
+        "FLEET_CLUSTERS": SECOND,
+        "NODE_LOCATIONS": "us-central2-b",
+        "CHIP_BUDGET": "64",
+        "FLEET_OVERRIDES": json.dumps(overrides),
+    }
+
+
+def test_a_fleet_cluster_takes_its_overrides_and_the_defaults_for_the_rest() -> None:
+    settings = Settings.from_env(
+        fleet_env(
+            {SECOND: {"NODE_LOCATIONS": ["us-east5-a", "us-east5-b"], "CHIP_BUDGET": 256, "DRAIN": True}}
+        )
+    )
+    other = settings.for_cluster(SECOND)
+    assert (other.node_locations, other.chip_budget, other.drain) == (("us-east5-a", "us-east5-b"), 256, True)
+    assert other.disk_size_gb == settings.disk_size_gb  # not overridden: the default
+    # the managed cluster keeps the defaults
+    assert (settings.node_locations, settings.chip_budget, settings.drain) == (("us-central2-b",), 64, False)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            {SECOND: {"GKE_API_ENDPOINT": "http://x"}},
+            r'"projects/q/locations/us-east5/clusters/d"\] key "GKE_API_ENDPOINT" is not',
+        ),
+        (
+            {SECOND: {"CHIP_BUDGET": "many"}},
+            r'FLEET_OVERRIDES\["projects/q/locations/us-east5/clusters/d"\]: .*CHIP_BUDGET',
+        ),
+        ({SECOND: {"IDLE_POOL_SECONDS": 99999}}, r"d\"\]: setting IDLE_POOL_SECONDS=99999 must be <= 3600"),
+        ({"projects/p/locations/us-central2-b/clusters/c": {"DRAIN": True}}, "not one of FLEET_CLUSTERS"),
+        ({"projects/z/locations/l/clusters/unknown": {}}, "not one of FLEET_CLUSTERS"),
+        ([1], "must be an object"),
+    ],
+    ids=[
+        "not-overridable",
+        "bad-int",
+        "above-maximum",
+        "managed-cluster",
+        "outside",
+        "not-object",
+    ],
+)
+def test_a_bad_override_stops_the_service_at_startup_naming_the_cluster_and_the_key(
+    overrides: object, says: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        Settings.from_env(fleet_env(overrides))
+
+
+def test_a_fleet_clusters_misspelled_capacity_policy_stops_the_runtime_at_startup() -> None:
+    from shared.app.entry import Runtime  # where the policy grammar (shared.tpu.capacity) is checked
+
+    settings = Settings.from_env(fleet_env({SECOND: {"CAPACITY_POLICY": "spot@nowhere"}}))
+    with pytest.raises(
+        InvalidInputError, match=r'FLEET_OVERRIDES\["projects/q/.*/d"\]: setting CAPACITY_POLICY'
+    ):
+        Runtime(settings)
