@@ -24,6 +24,15 @@ locals {
   # ZONE_RESOURCE_POOL_EXHAUSTED wording); reconcile logs it when it recycles the failed pool.
   stockout_text = "(jsonPayload.message:\"does not have enough resources\" OR jsonPayload.message:\"STOCKOUT\" OR jsonPayload.message:\"RESOURCE_POOL_EXHAUSTED\")"
 
+  # Every metric also counts by fleet cluster (FLEET_CLUSTERS): each delivery's lines carry the
+  # cluster its event named (shared/core/logs.py annotate); lines of no cluster count under "".
+  cluster_label = {
+    cluster = {
+      description = "The fleet cluster the delivery was about, projects/P/locations/L/clusters/C."
+      extractor   = "EXTRACT(jsonPayload.cluster)"
+    }
+  }
+
   # Every log-based metric: `filter` is ANDed with metric_scope; `labels` maps a label key to its
   # description and extractor; DISTRIBUTION metrics also have a value_extractor.
   # Metric type: logging.googleapis.com/user/<topic_prefix>/<key>.
@@ -265,7 +274,7 @@ resource "google_logging_metric" "this" {
     display_name = "tpu-provisioner ${replace(each.key, "_", " ")}"
 
     dynamic "labels" {
-      for_each = each.value.labels
+      for_each = merge(each.value.labels, local.cluster_label)
       content {
         key         = labels.key
         value_type  = "STRING"
@@ -274,7 +283,7 @@ resource "google_logging_metric" "this" {
     }
   }
 
-  label_extractors = { for key, label in each.value.labels : key => label.extractor }
+  label_extractors = { for key, label in merge(each.value.labels, local.cluster_label) : key => label.extractor }
   value_extractor  = each.value.value_extractor == "" ? null : each.value.value_extractor
 
   dynamic "bucket_options" {

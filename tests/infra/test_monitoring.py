@@ -311,7 +311,7 @@ def written() -> Written:
                 event = _argument(node, 1, "event")
                 assert event is not None, f"{src.where(node)}: decision() without an event"
                 record(event, _keywords(node, src, sources) - {"event"}, src)
-            elif called == "bound":
+            elif called in ("bound", "annotate"):  # both put their fields on the delivery's lines
                 result.common |= _keywords(node, src, sources)
             for keyword in node.keywords:
                 # logger.info(..., extra={"fields": {"event": "...", ...}})
@@ -392,8 +392,10 @@ def hcl_string(raw: str) -> str:
 
 
 def metrics() -> dict[str, dict[str, Any]]:
+    """Each metric as Terraform makes it: its own labels and the cluster label every metric has."""
     table: dict[str, dict[str, Any]] = module().locals["log_metrics"]
-    return table
+    cluster = module().locals["cluster_label"]
+    return {key: {**body, "labels": {**body["labels"], **cluster}} for key, body in table.items()}
 
 
 def render(raw: str) -> str:
@@ -525,7 +527,12 @@ def test_extractors_are_well_formed() -> None:
     assert resource["name"] == "${var.topic_prefix}/${each.key}"
     descriptor = first(resource["metric_descriptor"])
     assert descriptor["metric_kind"] == "DELTA"
-    assert resource["label_extractors"] == "${{for key, label in each.value.labels : key => label.extractor}}"
+    assert resource["label_extractors"] == (
+        "${{for key, label in merge(each.value.labels, local.cluster_label) : key => label.extractor}}"
+    )
+    assert first(first(resource["metric_descriptor"])["dynamic"])["labels"]["for_each"] == (
+        "${merge(each.value.labels, local.cluster_label)}"
+    )
 
 
 def _literal_runs(pattern: str) -> list[str]:
@@ -841,6 +848,9 @@ MISSES: list[tuple[str, Line]] = [
 ]
 
 
+SAMPLE_CLUSTER = "projects/p1/locations/us-central2-b/clusters/c1"
+
+
 def log_entry(line: Line) -> dict[str, Any]:
     """The LogEntry Cloud Logging stores for one line the product writes (shared.core.logs)."""
     stream = io.StringIO()
@@ -850,7 +860,7 @@ def log_entry(line: Line) -> dict[str, Any]:
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.DEBUG)
-    with logs.bound(function=line.service, message_id="1", trace=""):
+    with logs.bound(function=line.service, message_id="1", trace="", cluster=SAMPLE_CLUSTER):
         if line.via_extra:
             logger.log(line.level, line.message, extra={"fields": {"event": line.event, **line.fields}})
         else:
@@ -894,7 +904,8 @@ def test_metrics_count_the_lines_the_code_writes(key: str, line: Line, expected:
     got = {label: extract(hcl_string(spec["extractor"]), entry) for label, spec in body["labels"].items()}
     if body["value_extractor"]:
         got[""] = extract(hcl_string(body["value_extractor"]), entry)
-    assert got == expected
+    # The delivery's cluster, or the one a line names itself (the GKE adapter's calls do).
+    assert got == {**expected, "cluster": line.fields.get("cluster", SAMPLE_CLUSTER)}
 
 
 @pytest.mark.parametrize(("key", "line"), MISSES, ids=[f"{key}-{line.event}" for key, line in MISSES])
