@@ -46,6 +46,8 @@ log = logs.get("release")
 __all__ = ["JobSets", "Outcome", "Releaser", "Verdict", "idle_seconds", "is_managed", "judge", "owned_by"]
 
 JobSets = dict[tuple[str, str], JobSet | None]
+# Up to this many pool owners are read one by one (a GET each); more are listed at once.
+_OWNER_GETS = 3
 
 
 def is_managed(pool: NodePoolInfo) -> bool:
@@ -256,7 +258,9 @@ class Releaser:
         # have just been admitted, its pods not yet bound, and a cordon then would make them pend.
         held: set[str] = set()
         if deleted:
-            held = {p.name for p in listing if _held_idle(p)} - {p.name for p in pools} - set(ran_on)
+            self._read_owners(listing, jobsets)
+            held = {p.name for p in listing if _held_idle(p) or self._may_be_offered(p, jobsets)}
+            held -= {p.name for p in pools} | set(ran_on)
         if not pools and not ran_on and not held:
             logs.decision(
                 log,
@@ -287,6 +291,29 @@ class Releaser:
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
         return [p.name for p in outcome.deleted]
+
+    def _read_owners(self, listing: list[NodePoolInfo], jobsets: JobSets) -> None:
+        """The owners of the running managed pools not stamped idle, into ``jobsets``: one GET each
+        for a few, one list for more (a cluster of many JobSets costs one call, not one per pool)."""
+        owners = {
+            p.owner.key
+            for p in listing
+            if is_managed(p) and p.status == STATUS_RUNNING and not p.labels.get(labels.IDLE_SINCE)
+        } - set(jobsets)
+        if len(owners) > _OWNER_GETS:
+            found = {js.key: js for js in self.kube.list_jobsets()}
+            jobsets.update({key: found.get(key) for key in owners})
+
+    def _may_be_offered(self, pool: NodePoolInfo, jobsets: JobSets) -> bool:
+        """Whether ``pool`` may be in the middle of being kept idle for a waiting JobSet: a running
+        managed pool, not stamped yet, whose owner is over. Another delivery (its owner's release)
+        may be stamping it for the very JobSet whose deletion this is; its relabel lands after this
+        listing, so the stamp alone would miss it and the pool would wait for a JobSet that is gone
+        until reconcile looks. Judged now like a stamped one (GKE refuses a delete while the relabel
+        runs, and the retry sees the stamp)."""
+        if not is_managed(pool) or pool.status != STATUS_RUNNING or pool.labels.get(labels.IDLE_SINCE):
+            return False
+        return not occupancy.is_live(self._jobset(jobsets, *pool.owner.key))
 
     def _ran_on(
         self,

@@ -216,6 +216,25 @@ def test_the_deletion_of_the_jobset_an_idle_pool_waits_for_releases_it_at_once(
     assert any(pool.name in m for m in events(kube, labels.REASON_RELEASED, "a"))
 
 
+def test_a_jobset_deleted_while_a_pool_is_being_offered_to_it_still_releases_that_pool(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # A's release is offering its pool to the queued JobSet (the relabel that stamps it has not
+    # landed) when the queued one is deleted. The deletion's release lists the pool unstamped: it
+    # must judge it all the same, or the pool waits for a JobSet that is gone until reconcile.
+    # (Seen on the real stack: a preemptor's completion and its victim's deletion a moment apart.)
+    pool, _, settings = finished_beside_queued(gke, kube, finished_ago=30)
+    assert not gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)
+
+    del kube.jobsets[("team-a", "queued")]
+    deleted = Releaser(settings, gke, kube).release("team-a", "queued", "", "JobSet deleted", deleted=True)
+
+    assert deleted == [pool.name]
+    # A's own release then finds it gone: nothing offered, nothing kept.
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert pool.name not in gke.pools[CLUSTER]
+
+
 def test_an_idle_pool_still_wanted_stays_through_another_jobsets_release(
     gke: FakeGke, kube: FakeKube
 ) -> None:
