@@ -527,12 +527,7 @@ class Settings:
                 try:
                     self.for_cluster(path)  # each cluster's settings validated as a whole
                 except InvalidInputError as exc:
-                    why = (
-                        exc.why
-                        if "FLEET_OVERRIDES" in exc.why
-                        else f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}"
-                    )
-                    raise InvalidInputError(why) from None
+                    raise InvalidInputError(f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}") from None
         for name in (
             "create_concurrency",
             "create_concurrency_max",
@@ -612,16 +607,11 @@ class Settings:
         )
 
     def _overrides_of(self, path: str) -> dict[str, Any]:
-        """FLEET_OVERRIDES of ``path`` as field values; an error names the cluster and the key."""
+        """FLEET_OVERRIDES of ``path`` as field values (a bad one raises, naming the key; startup
+        validation adds the cluster)."""
         fields = {f.name.upper(): f for f in dataclasses.fields(Settings)}
         values = parse_fleet_overrides(self.fleet_overrides, self._overridable).get(path, {})
-        out: dict[str, Any] = {}
-        for key, raw in values.items():
-            try:
-                out[fields[key].name] = _parse(fields[key], raw)
-            except InvalidInputError as exc:
-                raise InvalidInputError(f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}") from None
-        return out
+        return {fields[key].name: _parse(fields[key], raw) for key, raw in values.items()}
 
     @property
     def setup_cluster_paths(self) -> tuple[str, ...]:

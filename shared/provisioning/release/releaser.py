@@ -257,8 +257,9 @@ class Releaser:
         # again now rather than at the window's end. Not on a JobSet's end: the next queued one may
         # have just been admitted, its pods not yet bound, and a cordon then would make them pend.
         held: set[str] = set()
+        all_jobsets = None
         if deleted:
-            self._read_owners(listing, jobsets)
+            all_jobsets = self._read_owners(listing, jobsets)
             held = {p.name for p in listing if _held_idle(p) or self._may_be_offered(p, jobsets)}
             held -= {p.name for p in pools} | set(ran_on)
         if not pools and not ran_on and not held:
@@ -279,30 +280,30 @@ class Releaser:
         # Another JobSet's pool whose owner still needs it is none of this release's business...
         theirs = [p for p, v in verdicts if not v.delete and (p.name in ran_on or p.name in held)]
         verdicts = [(p, v) for p, v in verdicts if v.delete or (p.name not in ran_on and p.name not in held)]
-        outcome = self.dispose(verdicts, trigger, jobsets, listing, last_users=ran_on)
+        outcome = self.dispose(verdicts, trigger, jobsets, listing, all_jobsets, last_users=ran_on)
         # ...unless its owner now holds that slice on another pool: the two swapped (each ran on the
         # other's), and this delivery just handed the owner the pool it runs on. The spare one is
         # this JobSet's, which ran there last, under its own verdict.
         spare = _spare(theirs, listing, outcome.adopted, ran_on)
         if spare:
-            swapped = self.dispose(spare, trigger, jobsets, listing, last_users=ran_on)
+            swapped = self.dispose(spare, trigger, jobsets, listing, all_jobsets, last_users=ran_on)
             outcome.deleted += swapped.deleted
             outcome.retry += swapped.retry
         if outcome.retry:
             raise TransientError("; ".join(outcome.retry))
         return [p.name for p in outcome.deleted]
 
-    def _read_owners(self, listing: list[NodePoolInfo], jobsets: JobSets) -> None:
+    def _read_owners(self, listing: list[NodePoolInfo], jobsets: JobSets) -> list[JobSet] | None:
         """The owners of the running managed pools not stamped idle, into ``jobsets``: one GET each
-        for a few, one list for more (a cluster of many JobSets costs one call, not one per pool)."""
-        owners = {
-            p.owner.key
-            for p in listing
-            if is_managed(p) and p.status == STATUS_RUNNING and not p.labels.get(labels.IDLE_SINCE)
-        } - set(jobsets)
-        if len(owners) > _OWNER_GETS:
-            found = {js.key: js for js in self.kube.list_jobsets()}
-            jobsets.update({key: found.get(key) for key in owners})
+        (later, as needed) for a few; for more, one list, returned so that the handover-demand
+        check reuses it (a cluster of many JobSets costs one call, not one per pool)."""
+        owners = {p.owner.key for p in listing if _unstamped_running(p)} - set(jobsets)
+        if len(owners) <= _OWNER_GETS:
+            return None
+        all_jobsets = self.kube.list_jobsets()
+        found = {js.key: js for js in all_jobsets}
+        jobsets.update({key: found.get(key) for key in owners})
+        return all_jobsets
 
     def _may_be_offered(self, pool: NodePoolInfo, jobsets: JobSets) -> bool:
         """Whether ``pool`` may be in the middle of being kept idle for a waiting JobSet: a running
@@ -311,9 +312,7 @@ class Releaser:
         listing, so the stamp alone would miss it and the pool would wait for a JobSet that is gone
         until reconcile looks. Judged now like a stamped one (GKE refuses a delete while the relabel
         runs, and the retry sees the stamp)."""
-        if not is_managed(pool) or pool.status != STATUS_RUNNING or pool.labels.get(labels.IDLE_SINCE):
-            return False
-        return not occupancy.is_live(self._jobset(jobsets, *pool.owner.key))
+        return _unstamped_running(pool) and not occupancy.is_live(self._jobset(jobsets, *pool.owner.key))
 
     def _ran_on(
         self,
@@ -515,8 +514,8 @@ class Releaser:
         d: _Delivery,
         fields: dict[str, str],
         heir: tuple[NodePoolInfo, occupancy.Occupant, str] | None = None,
-    ) -> bool:
-        """Start deleting ``pool``; whether GKE took the delete (not when it was gone or refused).
+    ) -> None:
+        """Start deleting ``pool`` (nothing more when it is gone or GKE refuses).
         ``heir`` (the pool as its maker had it, the JobSet that took it over, why) is recorded only
         when GKE took it: a pool already gone was never handed to anyone."""
         d.deleted_why[pool.name] = why
@@ -526,7 +525,7 @@ class Releaser:
         except NotFoundError:
             logs.decision(log, "release.gone", f"{pool.name} was already deleted", **fields)
             self.forget(pool.name)
-            return False
+            return
         except RejectedError as exc:
             logs.decision(
                 log,
@@ -535,14 +534,13 @@ class Releaser:
                 logging.ERROR,
                 **fields,
             )
-            return False
+            return
         # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
         self.forget(pool.name)
         if heir is not None:
             self._record_adoption(*heir, d, fields)
         d.outcome.deleted.append(pool)
         logs.decision(log, "release.deleted", f"deleting {pool.name}: {why}", **fields)
-        return True
 
     def _adopt(
         self, pool: NodePoolInfo, adopter: occupancy.Occupant, why: str, d: _Delivery, fields: dict[str, str]
@@ -657,6 +655,11 @@ def _reservation_parts(value: str) -> tuple[str, str]:
         parts = value.split("/")
         return parts[-1], parts[1]
     return value, ""
+
+
+def _unstamped_running(pool: NodePoolInfo) -> bool:
+    """A running managed pool not (yet) stamped idle: one a release may be about to offer."""
+    return is_managed(pool) and pool.status == STATUS_RUNNING and not pool.labels.get(labels.IDLE_SINCE)
 
 
 def _held_idle(pool: NodePoolInfo) -> bool:

@@ -235,6 +235,28 @@ def test_a_jobset_deleted_while_a_pool_is_being_offered_to_it_still_releases_tha
     assert pool.name not in gke.pools[CLUSTER]
 
 
+def test_a_deletion_reads_many_pool_owners_with_one_list_that_the_demand_check_reuses(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four finished JobSets' pools, none stamped yet, when a queued JobSet is deleted: their owners
+    # come from one JobSet list (not a GET each), and the handover-demand check uses that list.
+    pools = []
+    for name in ("a0", "a1", "a2", "a3"):
+        pools += with_pools(gke, kube, tpu_jobset(name, "team-a", replicas=1))
+        finish(kube, name, when=ago(30))
+    reads: list[str] = []
+    for method in ("list_jobsets", "get_jobset"):
+        real = getattr(kube, method)
+        monkeypatch.setattr(kube, method, lambda *a, _m=method, _r=real: reads.append(_m) or _r(*a))
+    settings = SETTINGS.with_overrides(idle_pool_seconds=120)  # a handover window open 30 s in
+
+    deleted = Releaser(settings, gke, kube).release("team-a", "queued", "", "JobSet deleted", deleted=True)
+
+    assert sorted(deleted) == sorted(p.name for p in pools)
+    assert reads.count("list_jobsets") == 1
+    assert "get_jobset" not in reads
+
+
 def test_an_idle_pool_still_wanted_stays_through_another_jobsets_release(
     gke: FakeGke, kube: FakeKube
 ) -> None:
