@@ -167,6 +167,7 @@ def load_jobsets(text: str, source: str) -> list[dict[str, Any]]:
         raise InvalidInputError(f"{source} is not valid YAML: {_yaml_error(exc)}") from None
     jobsets: list[dict[str, Any]] = []
     problems: list[str] = []
+    others: list[str] = []  # what the text holds instead, to say so when it has no JobSet
     for number, doc in enumerate(docs, start=1):
         if doc is None:
             continue  # an empty document between two "---"
@@ -174,6 +175,7 @@ def load_jobsets(text: str, source: str) -> list[dict[str, Any]]:
             problems.append(f"document {number} is {_kind(doc)}, not a Kubernetes object")
             continue
         if doc.get("kind") != "JobSet":
+            others.append(_described(doc))
             continue
         doc = without_nulls(doc)
         found = jobset_problems(doc)
@@ -185,5 +187,21 @@ def load_jobsets(text: str, source: str) -> list[dict[str, Any]]:
     if problems:
         raise InvalidInputError(f"{source} is not a valid manifest: " + "; ".join(problems))
     if not jobsets:
+        if any(o.startswith("Job ") for o in others):
+            # The product acts on the pods of JobSets only (their JobSet and Job labels, the
+            # JobSet's spec: docs/trust.md), so a bare Job's pods would pend unseen.
+            raise InvalidInputError(
+                f"no JobSet in {source}: it holds {', '.join(others)}; the product creates pools only "
+                "for the pods of a JobSet: put the Job's spec under a JobSet's replicatedJobs "
+                "(replicas: 1), or create its node pool yourself"
+            )
         raise InvalidInputError(f"no JobSet in {source} (no document has kind: JobSet)")
     return jobsets
+
+
+def _described(doc: dict[str, Any]) -> str:
+    """``Job 'name'`` for a document of another kind (its kind and name, as kubectl names them)."""
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    kind = doc.get("kind") if isinstance(doc.get("kind"), str) else "an object without a kind"
+    return f"{kind} {name!r}" if isinstance(name, str) else str(kind)

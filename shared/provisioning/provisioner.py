@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shared.cloud.retry import Budget
@@ -36,6 +37,7 @@ from shared.provisioning.release.handover import Handover
 from shared.provisioning.release.refit import Refit
 from shared.provisioning.services import Services
 from shared.provisioning.tenancy.guardrails import guardrail, label_problem
+from shared.provisioning.tenancy.ownership import JobSetRefused
 from shared.tpu import drift, owners, selectors
 from shared.tpu.jobsets import JobSet, jobset_problem, jobset_ref
 from shared.tpu.nodepools import (
@@ -111,7 +113,7 @@ class Provisioner:
             # Bound by now, maybe to a pool kept idle for its JobSet: that JobSet adopts it.
             return logged(Outcome(SKIPPED, f"pod {who}: {exc.why}{self.handover.claim(pod)}"))
         except Refused as exc:
-            return self._refuse(pod, exc.why, "")
+            return self._refuse(pod, exc.why, "", jobset=self._declaring(pod))
         slice_desc = request.slice_id.describe()
         unowned = owners.controller_problem(pod.controller)
         if unowned:
@@ -122,7 +124,7 @@ class Provisioner:
         try:
             spec, shape = specs.of(request)
         except Refused as exc:
-            return self._refuse(pod, exc.why, slice_desc)
+            return self._refuse(pod, exc.why, slice_desc, jobset=self._declaring(pod, specs.of))
         refusal = label_problem(spec) or guardrail(self.settings, request, shape.total_chips)
         if refusal:
             return self._refuse(pod, refusal, slice_desc, spec.name)
@@ -175,6 +177,8 @@ class Provisioner:
             owned = self.owners.of_pod(pod)
         except NotEligible as exc:
             return logged(Outcome(SKIPPED, f"pod {pod.key}: {exc.why}", "", slice_desc))
+        except JobSetRefused as exc:
+            return self._refuse(pod, exc.why, slice_desc, spec.name, exc.jobset)
         except Refused as exc:
             return self._refuse(pod, exc.why, slice_desc, spec.name)
         request, jobset = owned.request, owned.jobset
@@ -370,6 +374,29 @@ class Provisioner:
         return self.slots.resume(self.known_pools, self.provision_pod, pool)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _declaring(self, pod: Pod, build: Callable[[SliceRequest], object] | None = None) -> JobSet | None:
+        """The pod's proven JobSet when its own template declares what the pod was refused for
+        (GKE's slice-controller key as exclusive topology, one-pod Jobs on a multi-host slice), so
+        that the refusal is on the JobSet too: ``build`` (the pool build the pod failed) fails on
+        the slice the JobSet declares as well. None when the pod is not proven its JobSet's or the
+        JobSet declares a slice that can be built (the pod alone is at fault). Costs the two reads
+        of the ownership proof, for a pod that is refused anyway."""
+        if pod.controller is None or pod.controller.kind != "Job":
+            return None
+        try:
+            owned = self.owners.of_pod(pod)
+        except JobSetRefused as exc:
+            return exc.jobset
+        except (NotEligible, Refused):
+            return None
+        if build is None:
+            return None
+        try:
+            build(owned.request)
+        except Refused:
+            return owned.jobset
+        return None
 
     def _refuse(
         self, pod: Pod, why: str, slice_desc: str, pool: str = "", jobset: JobSet | None = None

@@ -73,16 +73,35 @@ def declaration_problem(rjob: ReplicatedJob, shape: catalog.SliceShape) -> str:
 
     One pod runs per TPU VM, so a Job whose pods are fewer than its slice's VMs leaves VMs nobody
     asked for (and Kueue, which charges the pods' requests, never counted): refused rather than
-    bought. (Pods of several Jobs sharing one slice is not what a JobSet's Job means here.)
+    bought. Several small Jobs whose pods together fill whole slices (four one-pod workers on a
+    four-VM slice) are not built as shared slices either: GKE sets a multi-host slice's
+    ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES`` only for the pods of one Indexed Job with
+    parallelism above one (GKE "TPUs in GKE", multi-host slices), so pods of separate Jobs on one
+    slice never learn each other, and nothing keeps the scheduler from spreading them over other
+    JobSets' pools. The reason says how to declare the same workers as whole-slice Jobs.
     """
-    if rjob.pods_per_job < shape.num_vms:
+    if rjob.pods_per_job >= shape.num_vms:
+        return ""
+    slice_words = (
+        f"a {shape.accelerator} {shape.topology} slice is {shape.num_vms} VMs "
+        f"({shape.total_chips} chips, one pod per VM)"
+    )
+    pods = rjob.replicas * rjob.pods_per_job
+    if rjob.replicas > 1 and pods % shape.num_vms == 0:
+        # What the user most likely meant: the workers of all those Jobs on whole slices.
+        slices = pods // shape.num_vms
         return (
-            f"replicated job {rjob.name} runs {rjob.pods_per_job} pod(s) per Job, but a "
-            f"{shape.accelerator} {shape.topology} slice is {shape.num_vms} VMs "
-            f"({shape.total_chips} chips, one pod per VM): set parallelism and completions to "
-            f"{shape.num_vms}, or select a topology of {rjob.pods_per_job} VM(s)"
+            f"replicated job {rjob.name} runs {rjob.replicas} Jobs of {rjob.pods_per_job} pod(s), "
+            f"but {slice_words}; pods of separate Jobs cannot share a slice (GKE gives each Indexed "
+            f"Job its own TPU worker ids): declare replicas: {slices} with parallelism and "
+            f"completions {shape.num_vms} ({pods} pods on {slices} slice(s)), or select a "
+            f"topology of {rjob.pods_per_job} VM(s)"
         )
-    return ""
+    return (
+        f"replicated job {rjob.name} runs {rjob.pods_per_job} pod(s) per Job, but {slice_words}: "
+        f"set parallelism and completions to {shape.num_vms}, or select a topology of "
+        f"{rjob.pods_per_job} VM(s)"
+    )
 
 
 def total_vms_problem(jobset: JobSetLike, limit: int) -> str:

@@ -224,3 +224,49 @@ def test_garbage_is_acked_without_any_api_call(world, fn, headers, body):
     assert response.status_code == 200
     assert world.gke.calls == []
     assert world.kube.count() == 0
+
+
+def _refused_on(world):
+    return sorted(
+        (e["involvedObject"]["kind"], e["involvedObject"]["name"].split("-slice-")[0])
+        for e in events_with(world, labels.REASON_REFUSED)
+    )
+
+
+@pytest.mark.parametrize(
+    ("jobset", "why"),
+    [
+        # GKE's dynamic-slicing sample: an exclusive topology only GKE's slice controller sets.
+        (
+            tpu_jobset(
+                "dyn",
+                "team-a",
+                replicas=1,
+                topology="2x2",
+                annotations={labels.EXCLUSIVE_TOPOLOGY: labels.TPU_SLICE},
+            ),
+            "only GKE's slice controller sets",
+        ),
+        # One-pod Jobs on a 4-VM slice: the JobSet declares less than its pools would cost.
+        (tpu_jobset("dyn", "team-a", replicas=4, topology="4x4", vms=1), "declare replicas: 1"),
+    ],
+    ids=["gke-tpu-slice", "one-pod-jobs"],
+)
+def test_a_refusal_of_what_the_jobset_declares_is_on_the_jobset_too(world, fn, jobset, why):
+    _, pods = submit(world, jobset)
+    assert fn.post_entry(pending_event(pods[0])).status_code == 200
+    assert world.gke.count("create") == 0
+    assert _refused_on(world) == [("JobSet", "dyn"), ("Pod", "dyn")]
+    assert all(why in e["message"] for e in events_with(world, labels.REASON_REFUSED))
+
+
+def test_a_pod_refused_for_its_own_selector_leaves_a_sound_jobset_alone(world, fn):
+    """The pod's word never writes on its JobSet: its template declares a slice that can be built."""
+
+    def own_selector(pod):
+        pod["spec"]["nodeSelector"][labels.TPU_SLICE] = "test-slice"
+
+    _, pods = submit(world, tpu_jobset("sound", "team-a", replicas=1, topology="2x2"), own_selector)
+    assert fn.post_entry(pending_event(pods[0])).status_code == 200
+    assert world.gke.count("create") == 0
+    assert [k for k, _ in _refused_on(world)] == ["Pod"]

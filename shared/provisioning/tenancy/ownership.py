@@ -23,6 +23,15 @@ from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest
 
 
+class JobSetRefused(Refused):
+    """A refusal of what the pod's proven JobSet itself declares: its Event goes on the JobSet too,
+    where ``kubectl describe jobset`` shows it (a pod's own word never writes on a JobSet)."""
+
+    def __init__(self, why: str, jobset: JobSet) -> None:
+        super().__init__(why)
+        self.jobset = jobset
+
+
 @dataclasses.dataclass(frozen=True)
 class Owned:
     """A pod proven to be one of its JobSet's, and the slice the JobSet declares for it."""
@@ -97,17 +106,20 @@ class Owners:
         contradiction = claim_problem(pod, chain)
         if contradiction:
             raise Refused(f"nothing is provisioned for it: {contradiction}")
-        request = declared.declared_request(jobset, chain.replicated_job, chain.job_index)
+        try:
+            request = declared.declared_request(jobset, chain.replicated_job, chain.job_index)
+        except Refused as exc:  # the JobSet's own template asks for what no pool can be
+            raise JobSetRefused(exc.why, jobset) from None
         rjob = next(r for r in declared.replicated_jobs(jobset) if r.name == chain.replicated_job)
         try:
             shape = catalog.resolve(request.accelerator, request.topology, request.chips_per_vm)
         except catalog.UnsupportedShape as exc:
-            raise Refused(str(exc)) from None
+            raise JobSetRefused(str(exc), jobset) from None
         problem = declared.declaration_problem(rjob, shape) or declared.total_vms_problem(
             jobset, self.settings.max_vms_per_jobset
         )
         if problem:
-            raise Refused(problem)
+            raise JobSetRefused(problem, jobset)
         if pod.tpu_chips != request.chips_per_vm:
             raise Refused(
                 f"the pod requests {pod.tpu_chips} {labels.TPU_RESOURCE}, its JobSet's template "

@@ -117,12 +117,13 @@ def test_failed_cluster_read_is_retried_by_redelivery_and_not_cached(kube):
     assert gke.count("get_cluster") == 2 and gke.count("create") == 1
 
 
-def test_spot_with_reservation_is_refused_on_the_pod(gke, kube):
+def test_spot_with_reservation_is_refused_on_the_pod_and_the_jobset_that_declares_it(gke, kube):
     selectors = {labels.SPOT: "true", labels.RESERVATION_NAME: "res-1"}
     pods = submit(kube, tpu_jobset("t", "team-a", replicas=1, selectors=selectors))
     outcome = provision_all(gke, kube, pods[:1])[0]
     assert outcome.result == REFUSED and "Spot VMs cannot consume reservations" in outcome.why
-    assert kube.reasons() == [labels.REASON_REFUSED] and gke.count("create") == 0
+    # The JobSet's own template selects both, so `kubectl describe jobset` says so too.
+    assert kube.reasons() == [labels.REASON_REFUSED] * 2 and gke.count("create") == 0
 
 
 def test_concurrent_create_409_is_success(gke, kube):

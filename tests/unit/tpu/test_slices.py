@@ -10,6 +10,8 @@ from shared.core import labels
 from shared.core.errors import NotEligible, Refused
 from shared.core.names import SliceId
 from shared.core.settings import Settings
+from shared.tpu import catalog
+from shared.tpu.declared import declaration_problem, replicated_jobs
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import ClusterInfo, NodePoolSpec, Placement, Reservation
 from shared.tpu.slices import SliceRequest, build_node_pool, slice_request
@@ -518,3 +520,36 @@ def test_expanded_pods_carry_the_jobset_controllers_job_key() -> None:
     key = pod["metadata"]["labels"][labels.JOB_KEY]
     assert key == hashlib.sha1(b"team-a/train-slice-0").hexdigest()
     assert len(key) == 40
+
+
+@pytest.mark.parametrize(
+    ("replicas", "vms", "reason"),
+    [
+        # One Job of one pod on a 4-VM slice: three VMs nobody asked for.
+        (
+            1,
+            1,
+            "runs 1 pod(s) per Job, but a tpu-v6e-slice 4x4 slice is 4 VMs (16 chips, one pod per VM): "
+            "set parallelism and completions to 4",
+        ),
+        # Four one-pod workers that together fill one slice: say how to declare them as one Job.
+        (
+            4,
+            1,
+            "runs 4 Jobs of 1 pod(s), but a tpu-v6e-slice 4x4 slice is 4 VMs (16 chips, one pod per "
+            "VM); pods of separate Jobs cannot share a slice (GKE gives each Indexed Job its own TPU worker "
+            "ids): declare replicas: 1 with parallelism and completions 4 (4 pods on 1 slice(s))",
+        ),
+        (4, 2, "declare replicas: 2 with parallelism and completions 4 (8 pods on 2 slice(s))"),
+        # Three pods of two Jobs fill no whole slice: the plain reason.
+        (3, 1, "runs 1 pod(s) per Job"),
+    ],
+)
+def test_jobs_with_fewer_pods_than_their_slice_has_vms_are_refused_with_the_way_out(
+    replicas: int, vms: int, reason: str
+) -> None:
+    jobset = tpu_jobset("tf", replicas=replicas, topology="4x4", vms=vms)
+    (rjob,) = replicated_jobs(jobset)
+    problem = declaration_problem(rjob, catalog.resolve("tpu-v6e-slice", "4x4", 4))
+    assert reason in problem
+    assert "select a topology of" in problem
