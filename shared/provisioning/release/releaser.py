@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
-from shared.core.errors import NotFoundError, RejectedError, TransientError
+from shared.core.errors import NotFoundError, OperationLimitError, RejectedError, TransientError
 from shared.core.settings import Settings
 from shared.provisioning.release import occupancy
 from shared.provisioning.release.guard import MANAGED_NODES, PoolGuard
@@ -535,6 +535,16 @@ class Releaser:
                 **fields,
             )
             return
+        except OperationLimitError:
+            # GKE runs one operation per pool at a time: the refusal may be another delivery's
+            # handover of this very pool (its relabel, begun after this one's look at the Nodes).
+            # Then the adoption won; the cordon must not stay on the new owner's pool until
+            # reconcile lifts it, and the redelivery would no longer judge the pool as this owner's.
+            taker = self._owner_now(heir[0] if heir is not None else pool)
+            if taker:
+                self._leave(pool, self.guard.nodes(pool), taker, d, fields)
+                return
+            raise
         # A TransientError propagates to dispose: the nodes stay cordoned and the retry re-checks.
         self.forget(pool.name)
         if heir is not None:
@@ -562,11 +572,16 @@ class Releaser:
         """
         if not any(n.labels.get(labels.OWNER_UID, listed.owner.uid) != listed.owner.uid for n in nodes):
             return ""
+        return self._owner_now(listed)
+
+    def _owner_now(self, listed: NodePoolInfo) -> str:
+        """``namespace/name`` of the pool's owner in a fresh listing when it is no longer the one
+        ``listed`` names; "" when the pool is gone (a delete says so) or still as listed."""
         now = next(
             (p for p in self.gke.list_node_pools(self.settings.cluster_path) if p.name == listed.name), None
         )
         if now is None or now.owner.uid == listed.owner.uid:
-            return ""  # gone (the delete says so) or still as listed: the Nodes lag, not a handover
+            return ""
         return now.owner.describe()
 
     def _leave(

@@ -7,6 +7,7 @@ with the right owner, its nodes schedulable, and the decision visible as Events.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -521,3 +522,42 @@ def test_a_jobset_recreated_while_its_release_runs_keeps_the_pool_its_new_pods_r
     assert schedulable(kube, pool)
     [adopted] = events(kube, labels.REASON_ADOPTED, "a")
     assert pool.name in adopted
+
+
+def test_a_delete_refused_while_another_delivery_hands_the_pool_on_leaves_it_uncordoned(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    """#30: the delete GKE refuses because another delivery's relabel (a handover) runs on the pool:
+    the adoption won, so the cordon goes at once (not at the next reconcile) and A's Event says so."""
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    b = tpu_jobset("b", "team-a", replicas=1, uid="b-uid")
+    submit(kube, b)
+
+    def handed_on(method: str, target: str) -> None:
+        if method == "delete" and target == pool.name:  # the other delivery's relabel landed first
+            taken = gke.pools[CLUSTER][pool.name]
+            new = {**taken.labels, labels.OWNER_NAME: "b", labels.OWNER_UID: "b-uid"}
+            gke.pools[CLUSTER][pool.name] = dataclasses.replace(taken, labels=new)
+            gke.on_call = None
+
+    gke.on_call = handed_on
+    gke.fail("delete", "incompatible")
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert owner(gke, pool)[0] == "b" and schedulable(kube, pool)
+    kept = events(kube, labels.REASON_RELEASED, "a")
+    assert any(f"not deleted: team-a/b took {pool.name} over meanwhile" in m for m in kept), kept
+
+
+def test_a_delete_refused_for_a_busy_cluster_keeps_the_cordon_for_the_retry(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a")
+    gke.fail("delete", "incompatible")  # nobody took the pool: the retry deletes it
+    with pytest.raises(TransientError):
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed")
+    assert not schedulable(kube, pool)
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "redelivery") == [pool.name]
