@@ -18,6 +18,16 @@ locals {
   managed_cluster = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"
   # Every cluster the functions manage (FLEET_CLUSTERS beside the managed one).
   fleet = distinct(concat([local.managed_cluster], var.fleet_clusters))
+
+  # Fleet projects besides this one, and each function's role in each of them.
+  other_fleet_projects = setsubtract(toset(var.fleet_projects), [var.project_id])
+  fleet_roles = {
+    for pair in setproduct(sort(local.other_fleet_projects), sort(keys(local.custom_role_permissions))) :
+    "${pair[0]}/${pair[1]}" => { project = pair[0], function = pair[1] }
+  }
+  # A cluster labelled into the fleet later cannot be named in a condition now: with project_id
+  # among fleet_projects, the functions' GKE grants there hold on every cluster of the project.
+  discovers_here = contains(var.fleet_projects, var.project_id)
 }
 
 # The conditions that keep each grant on the managed cluster (modules/cluster_condition says how far
@@ -69,11 +79,44 @@ resource "google_project_iam_member" "function" {
   role    = google_project_iam_custom_role.function[each.key].id
   member  = "serviceAccount:${google_service_account.runtime[each.key].email}"
 
-  condition {
-    title       = "${var.topic_prefix} managed cluster only"
-    description = "GKE cluster permissions of ${each.key} hold on ${var.cluster_name} alone."
-    expression  = module.managed_cluster_condition.expression
+  dynamic "condition" {
+    for_each = local.discovers_here ? [] : [module.managed_cluster_condition.expression]
+    content {
+      title       = "${var.topic_prefix} fleet clusters only"
+      description = "GKE cluster permissions of ${each.key} hold on the fleet's clusters alone."
+      expression  = condition.value
+    }
   }
+}
+
+# Each function's role in every other fleet project, bound to its one service account. Custom roles
+# are per project, so each project gets its own copy of roles.json's list.
+resource "google_project_iam_custom_role" "fleet_function" {
+  for_each = local.fleet_roles
+
+  project     = each.value.project
+  role_id     = "${replace(var.topic_prefix, "-", "_")}_${each.value.function}"
+  title       = "tpu-provisioner ${each.value.function}"
+  description = "Least-privilege GKE permissions of the tpu-provisioner ${each.value.function} function."
+  permissions = local.custom_role_permissions[each.value.function]
+}
+
+resource "google_project_iam_member" "fleet_function" {
+  for_each = local.fleet_roles
+
+  project = each.value.project
+  role    = google_project_iam_custom_role.fleet_function[each.key].id
+  member  = "serviceAccount:${google_service_account.runtime[each.value.function].email}"
+}
+
+# setup_cluster installs on a labelled cluster of another fleet project when its CreateCluster
+# entry arrives: Kubernetes Engine Admin there, on the project (no cluster can be named yet).
+resource "google_project_iam_member" "fleet_setup_cluster_admin" {
+  for_each = local.other_fleet_projects
+
+  project = each.value
+  role    = "roles/container.admin"
+  member  = "serviceAccount:${google_service_account.runtime["setup_cluster"].email}"
 }
 
 # setup_cluster installs CRDs, cluster-scoped RBAC (which needs the escalate/bind rights) and admission
@@ -88,10 +131,13 @@ resource "google_project_iam_member" "setup_cluster_admin" {
   role    = "roles/container.admin"
   member  = "serviceAccount:${google_service_account.runtime["setup_cluster"].email}"
 
-  condition {
-    title       = "${var.topic_prefix} setup clusters only"
-    description = "Kubernetes Engine Admin on the managed cluster and setup_clusters alone."
-    expression  = module.setup_cluster_condition.expression
+  dynamic "condition" {
+    for_each = local.discovers_here ? [] : [module.setup_cluster_condition.expression]
+    content {
+      title       = "${var.topic_prefix} setup clusters only"
+      description = "Kubernetes Engine Admin on the managed cluster, the fleet and setup_clusters alone."
+      expression  = condition.value
+    }
   }
 }
 

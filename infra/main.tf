@@ -72,14 +72,24 @@ locals {
 
   # The fleet's clusters as one filter clause (shared.app.deployment.sink_clusters writes the same):
   # each sink exports the events of every fleet cluster and of no other.
+  # When project_id is one of fleet_projects, any of its clusters may be labelled in later: the
+  # sinks export every cluster's entries (shared.app.deployment.ANY_CLUSTER) and the functions drop
+  # the unlabelled ones.
   sink_template_vars = {
     project_id = var.project_id
-    clusters = format("(%s)", join(" OR ", [
+    clusters = contains(var.fleet_projects, var.project_id) ? local.any_cluster : format("(%s)", join(" OR ", [
       for cluster in local.fleet : format(
         "(resource.labels.location=\"%s\" AND resource.labels.cluster_name=\"%s\")",
         split("/", cluster)[3], split("/", cluster)[5],
       )
     ]))
+  }
+  any_cluster = "resource.labels.cluster_name:*"
+
+  # The other fleet projects: each gets every sink, filling this project's topics.
+  fleet_sinks = {
+    for pair in setproduct(sort(local.other_fleet_projects), sort(keys(local.sinks))) :
+    "${pair[0]}/${pair[1]}" => { project = pair[0], sink = pair[1] }
   }
 
   # The environment every service reads through shared.core.settings.Settings.from_env: the settings
@@ -108,6 +118,8 @@ locals {
     KUEUE_VERSION          = var.kueue_version
     SETUP_CLUSTERS         = join(",", var.setup_clusters)
     FLEET_CLUSTERS         = join(",", var.fleet_clusters)
+    FLEET_PROJECTS         = join(",", var.fleet_projects)
+    FLEET_LABEL            = var.fleet_label
     CONTROL_PLANE_ENDPOINT = var.control_plane_endpoint
   }
 
@@ -179,6 +191,21 @@ module "sink" {
   # sinks/*.filter is the single source of truth; the sandbox's log router evaluates the same files.
   filter   = templatefile("${path.module}/../sinks/${each.key}.filter", local.sink_template_vars)
   topic_id = module.pubsub[each.value].topic_id
+}
+
+# The same sinks in every other fleet project: a sink only sees its own project's logs. Each writer
+# identity may publish to its one topic (modules/sink), which lives in this project.
+module "fleet_sink" {
+  source   = "./modules/sink"
+  for_each = local.fleet_sinks
+
+  project_id = each.value.project
+  name       = "${var.topic_prefix}-${each.value.sink}"
+  filter = templatefile("${path.module}/../sinks/${each.value.sink}.filter", {
+    project_id = each.value.project
+    clusters   = local.any_cluster
+  })
+  topic_id = module.pubsub[local.sinks[each.value.sink]].topic_id
 }
 
 module "function" {

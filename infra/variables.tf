@@ -231,6 +231,30 @@ variable "fleet_clusters" {
   }
 }
 
+variable "fleet_projects" {
+  type        = list(string)
+  description = "Projects whose GKE clusters join the fleet by carrying fleet_label (FLEET_PROJECTS), found through GKE without a redeploy. In each project other than project_id this makes the sinks (filling this project's topics) and the functions' custom roles and bindings; the GKE grants there, and in project_id when it is listed, cover every cluster of the project, since a cluster labelled later cannot be named in an IAM Condition now."
+  default     = []
+
+  validation {
+    # Resource Manager project ids: 6-30 lower-case letters, digits and hyphens, starting with a letter.
+    condition     = alltrue([for project in var.fleet_projects : can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]$", project))])
+    error_message = "fleet_projects are project ids (6 to 30 lower-case letters, digits and hyphens, starting with a letter)."
+  }
+}
+
+variable "fleet_label" {
+  type        = string
+  description = "The GKE resource label KEY=VALUE that puts a cluster of fleet_projects in the fleet (FLEET_LABEL)."
+  default     = "tpuprov=enabled"
+
+  validation {
+    # Google Cloud label syntax: a key of 1-63 lower-case letters, digits, _ or -, starting with a letter.
+    condition     = can(regex("^[a-z][a-z0-9_-]{0,62}=[a-z0-9_-]{0,63}$", var.fleet_label))
+    error_message = "fleet_label is KEY=VALUE with a GKE resource label's key and value."
+  }
+}
+
 variable "manifests_dir" {
   type        = string
   description = "Directory in the image holding jobset-<version>.yaml and kueue-<version>.yaml (MANIFESTS_DIR)."

@@ -46,6 +46,7 @@ from shared.tpu.nodepools import (
     STATUS_RUNNING,
     STATUS_STOPPING,
     ClusterInfo,
+    ClusterListing,
     NodePoolInfo,
     NodePoolSpec,
     OperationInfo,
@@ -163,6 +164,11 @@ class SimGke:
         return ClusterInfo(
             name=cluster.rsplit("/", 1)[-1], location="", endpoint="127.0.0.1", ca_certificate=""
         )
+
+    def list_clusters(self, project: str) -> ClusterListing:
+        """The simulator serves one cluster, found by name, never by a listing."""
+        self._call()
+        return ClusterListing()
 
     def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
         """Every pool, in name order."""

@@ -32,6 +32,7 @@ from shared.tpu.nodepools import (
     STATUS_RECONCILING,
     STATUS_STOPPING,
     ClusterInfo,
+    ClusterListing,
     NodePoolInfo,
     NodePoolSpec,
     OperationInfo,
@@ -85,6 +86,7 @@ class FakeGke:
         self.calls: list[tuple[str, str]] = []
         self.relabels: list[tuple[str, dict[str, str], str]] = []
         self.billing: dict[str, dict[str, str]] = {}  # each pool's resource labels (create, relabel)
+        self.listings: dict[str, ClusterListing] = {}  # project -> what list_clusters answers
         self.before_delete: Callable[[str], None] | None = None  # runs as a delete call arrives
         self._faults: dict[str, list[Exception]] = {}
         self._ops = itertools.count(1)
@@ -120,6 +122,11 @@ class FakeGke:
     def add(self, cluster: str, pool: NodePoolInfo) -> None:
         """Seed a pool directly (e.g. an unmanaged one, or one in ERROR)."""
         self.pools.setdefault(cluster, {})[pool.name] = pool
+
+    def list_clusters(self, project: str) -> ClusterListing:
+        """The project's listing as seeded in ``listings`` (none: no cluster)."""
+        self._enter("list_clusters", project)
+        return self.listings.get(project, ClusterListing())
 
     def get_cluster(self, cluster: str) -> ClusterInfo:
         """A fixed cluster description."""

@@ -86,6 +86,12 @@ def wiring(function: str) -> FunctionWiring:
     raise KeyError(f"unknown function {function!r}; known: {', '.join(f.function for f in FUNCTIONS)}")
 
 
+# The sinks' ``${clusters}`` clause in a FLEET_PROJECTS project: every cluster's entries (a
+# cluster may be labelled into the fleet at any time; the functions drop the unlabelled ones).
+# Logging's ``:*`` is the presence test (Logging query language, "Comparisons").
+ANY_CLUSTER = "resource.labels.cluster_name:*"
+
+
 def sink_clusters(cluster_paths: Iterable[str]) -> str:
     """The sinks' ``${clusters}`` clause: the LogEntries of these clusters (``resource.labels``
     location and cluster_name) and of no other, as infra/main.tf's ``sink_template_vars`` writes it

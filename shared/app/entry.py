@@ -26,6 +26,7 @@ from shared.core.settings import Settings
 from shared.tpu import capacity
 
 if TYPE_CHECKING:  # the adapters import the Google and Kubernetes clients; they are built on first use
+    from shared.app.discovery import FleetDirectory
     from shared.cloud.kube import KubeClient
     from shared.cloud.ports import KubeAPI, NodePoolAPI, WorkloadPolicyAPI
 
@@ -74,8 +75,10 @@ class Runtime:
 
     # -- the fleet ------------------------------------------------------------------------------
 
-    def member(self, cluster_path: str) -> Runtime | None:
+    def member(self, cluster_path: str, fresh: bool = False) -> Runtime | None:
         """The runtime serving ``cluster_path`` when it is one of the fleet's clusters, else None.
+        A cluster of FLEET_PROJECTS is one while GKE lists it with FLEET_LABEL (``discovery``;
+        ``fresh`` asks GKE now rather than trusting a listing up to one TTL old).
 
         Each cluster has its own runtime, so its own Kubernetes client and service graph: GKE's
         operation slots, the request-quota account, stockout backoffs and learnt limits are per
@@ -83,10 +86,10 @@ class Runtime:
         holds up none of the others' deliveries. The managed cluster's is this one; the GKE and
         Compute clients (stateless, every call names its resource) are the instance's."""
         if self._fleet is not None:
-            return self._fleet.member(cluster_path)
+            return self._fleet.member(cluster_path, fresh)
         if cluster_path == self.settings.cluster_path and self.settings.cluster_name:
             return self
-        if cluster_path not in self.settings.fleet_paths:
+        if cluster_path not in self.settings.fleet_paths and not self._labelled(cluster_path, fresh):
             return None
         member: Runtime = self._cached(
             f"member:{cluster_path}", lambda: Runtime(self.settings.for_cluster(cluster_path), fleet=self)
@@ -94,9 +97,31 @@ class Runtime:
         return member
 
     def members(self) -> list[Runtime]:
-        """The runtimes of every fleet cluster, the managed cluster's first."""
+        """The runtimes of every fleet cluster: the managed cluster's first, then FLEET_CLUSTERS,
+        then the labelled clusters of FLEET_PROJECTS."""
         root = self._fleet or self
-        return [m for m in (root.member(p) for p in root.settings.fleet_paths) if m is not None]
+        paths = list(root.settings.fleet_paths)
+        if root.settings.fleet_projects:
+            paths += [p for p in root.directory().members() if p not in paths]
+        return [m for m in (root.member(p) for p in paths) if m is not None]
+
+    def directory(self) -> FleetDirectory:
+        """The instance's listing of the labelled clusters of FLEET_PROJECTS (``shared.app.discovery``)."""
+        root = self._fleet or self
+
+        def build() -> FleetDirectory:
+            from shared.app.discovery import FleetDirectory
+
+            return FleetDirectory(root.settings, root.gke)
+
+        directory: FleetDirectory = root._cached("directory", build)
+        return directory
+
+    def _labelled(self, cluster_path: str, fresh: bool) -> bool:
+        if not self.settings.discoverable(cluster_path):
+            return False  # not a listed project's: decided without a call
+        directory = self.directory()
+        return directory.refresh(cluster_path) if fresh else directory.labelled(cluster_path)
 
     def outsider(self, cluster_path: str) -> int:
         """Count one event of a cluster outside the fleet; how many of that cluster's there were.

@@ -41,7 +41,10 @@ def _member(runtime: Runtime, function: str, cluster: events.ClusterId) -> Runti
     if member is not None:
         return member
     seen = runtime.outsider(cluster.path)
-    fleet = ", ".join(runtime.settings.fleet_paths) or "no cluster"
+    settings = runtime.settings
+    fleet = ", ".join(settings.fleet_paths) or "no cluster"
+    if settings.fleet_projects:
+        fleet += f"; and the clusters of {', '.join(settings.fleet_projects)} labelled {settings.fleet_label}"
     logs.decision(
         log,
         f"{function}.ignored",

@@ -59,7 +59,9 @@ def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
         logs.decision(log, "setup.ignored", ignored, logging.INFO)
         return None
     allowed = runtime.settings.setup_cluster_paths
-    if cluster.path not in allowed:
+    # A cluster of FLEET_PROJECTS is set up once GKE lists it labelled; its CreateCluster entry
+    # arrives as it is being created, so the listing is asked for now, not taken from memory.
+    if cluster.path not in allowed and runtime.member(cluster.path, fresh=True) is None:
         # Installing is cluster-admin work (CRDs, RBAC, webhooks): only the deployment's own
         # cluster and the ones SETUP_CLUSTERS names, never whatever a message or another project's
         # cluster-creation entry asks for. Acknowledged: redelivery would not change the answer.
@@ -67,7 +69,8 @@ def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
             log,
             "setup.ignored",
             f"{cluster.path} is not a cluster this deployment sets up (the managed cluster "
-            f"{runtime.settings.cluster_path} or one listed in SETUP_CLUSTERS)",
+            f"{runtime.settings.cluster_path}, one listed in SETUP_CLUSTERS or FLEET_CLUSTERS, or a "
+            "cluster of FLEET_PROJECTS carrying FLEET_LABEL)",
             logging.WARNING,
             cluster=cluster.path,
         )
@@ -92,7 +95,9 @@ def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
         config = parse_config(payload, settings.allowed_accelerators)
         source = "the message"
     logs.decision(log, "kueue.config", f"applying the Kueue configuration from {source}")
-    service = KueueService(objects_for(runtime, settings.cluster_path), Bounds.from_settings(settings))
+    # The managed cluster's own client: apply_kueue serves no other, so it never lists the fleet.
+    objects = runtime.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
+    service = KueueService(objects, Bounds.from_settings(settings))
     report = service.apply(config)
     if any(queue.check_flavors for queue in config.cluster_queues):
         # Kueue keeps a ClusterQueue whose AdmissionCheck is not Active inactive: mark it Active

@@ -20,9 +20,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from shared.cloud.errors import from_google
-from shared.cloud.gke_messages import cluster_to_info, node_pool_to_info, operation_to_info, spec_to_node_pool
+from shared.cloud.gke_messages import (
+    cluster_to_info,
+    listing_of,
+    node_pool_to_info,
+    operation_to_info,
+    spec_to_node_pool,
+)
 from shared.core.errors import RejectedError
-from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec, OperationInfo
+from shared.tpu.nodepools import ClusterInfo, ClusterListing, NodePoolInfo, NodePoolSpec, OperationInfo
 
 if TYPE_CHECKING:
     from google.cloud.container_v1 import ClusterManagerClient
@@ -96,6 +102,11 @@ class GkeNodePoolAPI:
     def get_cluster(self, cluster: str) -> ClusterInfo:
         """Fetch the cluster. Raises NotFoundError."""
         return cluster_to_info(self._call(f"get cluster {cluster}", "get_cluster", name=cluster))
+
+    def list_clusters(self, project: str) -> ClusterListing:
+        """Every cluster of the project (location "-": all zones and regions)."""
+        parent = f"projects/{project}/locations/-"
+        return listing_of(self._call(f"list clusters of {parent}", "list_clusters", parent=parent), project)
 
     def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:
         """All node pools of the cluster."""

@@ -13,7 +13,15 @@ from typing import Any
 from shared.cloud.endpoint import endpoints_of
 from shared.cloud.node_options import apply_node_options
 from shared.core.errors import InvalidInputError
-from shared.tpu.nodepools import ClusterInfo, NodeConfig, NodePoolInfo, NodePoolSpec, OperationInfo
+from shared.tpu.nodepools import (
+    ClusterInfo,
+    ClusterListing,
+    ListedCluster,
+    NodeConfig,
+    NodePoolInfo,
+    NodePoolSpec,
+    OperationInfo,
+)
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 # GKE reports links as full URLs (https://container.googleapis.com/v1/projects/...); keep the path.
@@ -176,6 +184,19 @@ def cluster_to_info(cluster: Any) -> ClusterInfo:
         endpoints=endpoints_of(cluster),
         workload_pool=cluster.workload_identity_config.workload_pool,
     )
+
+
+def listing_of(response: Any, project: str) -> ClusterListing:
+    """A ``ListClustersResponse`` of ``project`` as the clusters' paths and resource labels (the
+    path is built from the project asked for: a selfLink may name the project by number)."""
+    clusters = tuple(
+        ListedCluster(
+            path=f"projects/{project}/locations/{cluster.location}/clusters/{cluster.name}",
+            resource_labels=tuple(sorted(dict(cluster.resource_labels).items())),
+        )
+        for cluster in response.clusters
+    )
+    return ClusterListing(clusters, tuple(response.missing_zones))
 
 
 def _release_channel(cluster: Any) -> str:

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 CALLS: Mapping[str, tuple[str, ...]] = {
     # NodePoolAPI (GKE)
     "NodePoolAPI.get_cluster": ("container.clusters.get",),
+    # projects.locations.clusters.list (the fleet's discovery by resource label).
+    "NodePoolAPI.list_clusters": ("container.clusters.list",),
     "NodePoolAPI.list_node_pools": ("container.clusters.get", "container.nodePools.list"),
     "NodePoolAPI.get_node_pool": ("container.clusters.get", "container.nodePools.get"),
     "NodePoolAPI.create_node_pool": ("container.clusters.update", "container.nodePools.create"),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.tpu.nodepools import (
     ClusterInfo,
+    ClusterListing,
     NodePoolInfo,
     NodePoolSpec,
     OperationInfo,
@@ -36,6 +37,10 @@ class NodePoolAPI(Protocol):
 
     def get_cluster(self, cluster: str) -> ClusterInfo:
         """Fetch the cluster. Raises NotFoundError."""
+        ...
+
+    def list_clusters(self, project: str) -> ClusterListing:
+        """Every cluster of ``project``, in all its zones and regions."""
         ...
 
     def list_node_pools(self, cluster: str) -> list[NodePoolInfo]:

@@ -80,6 +80,11 @@ def _list(raw: str) -> tuple[str, ...]:
 # A cluster path as GKE's API names it (the product's own form; zonal clusters use a zone as L).
 _CLUSTER_PATH = re.compile(r"^projects/[^/\s]+/locations/[^/\s]+/clusters/[^/\s]+$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Project ids (Resource Manager: 6-30 characters, lower-case letters, digits and hyphens, starting
+# with a letter, not ending with a hyphen).
+_PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 # Compute Engine reservation names are RFC 1035 labels; a shared one is named with its owner project
 # (the same forms shared.tpu.capacity accepts in CAPACITY_POLICY).
 _RESERVATION = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -227,9 +232,12 @@ FLEET_OVERRIDABLE = frozenset(
 )
 
 
-def parse_fleet_overrides(text: str, fleet: tuple[str, ...]) -> dict[str, dict[str, str]]:
+def parse_fleet_overrides(
+    text: str, fleet: tuple[str, ...], projects: tuple[str, ...] = ()
+) -> dict[str, dict[str, str]]:
     """FLEET_OVERRIDES as {cluster path: {setting: raw value}}; an error names the cluster and the key.
-    ``fleet``: the clusters that may be named (not the managed one, whose settings are the defaults)."""
+    ``fleet``: the clusters that may be named (not the managed one, whose settings are the defaults);
+    ``projects``: FLEET_PROJECTS, any of whose clusters may be named (it joins once labelled)."""
     if not text.strip():
         return {}
     try:
@@ -240,10 +248,13 @@ def parse_fleet_overrides(text: str, fleet: tuple[str, ...]) -> dict[str, dict[s
         raise InvalidInputError("setting FLEET_OVERRIDES must be an object {cluster path: {SETTING: value}}")
     parsed: dict[str, dict[str, str]] = {}
     for cluster, values in document.items():
-        if cluster not in fleet:
+        discoverable = bool(_CLUSTER_PATH.match(cluster)) and cluster.split("/")[1] in projects
+        if cluster not in fleet and not discoverable:
+            also = f" nor a cluster of FLEET_PROJECTS ({', '.join(projects)})" if projects else ""
             raise InvalidInputError(
                 f"setting FLEET_OVERRIDES names cluster {_quote(cluster)}, not one of FLEET_CLUSTERS "
-                f"({', '.join(fleet) or 'none'}; the managed cluster's settings are the defaults themselves)"
+                f"({', '.join(fleet) or 'none'}; the managed cluster's settings are the defaults "
+                f"themselves){also}"
             )
         if not isinstance(values, dict):
             raise InvalidInputError(
@@ -288,6 +299,15 @@ class Settings:
     # Per-cluster settings: a JSON object {cluster path: {SETTING: value}}; the other settings are
     # every cluster's defaults. Only FLEET_OVERRIDABLE settings, each parsed as its env variable is.
     fleet_overrides: str = ""
+    # Projects whose labelled clusters are in the fleet too (project ids, comma-separated): every
+    # cluster of these projects whose GKE resource labels carry FLEET_LABEL, as GKE lists them,
+    # so a cluster joins (or leaves) by its label, without a redeploy.
+    fleet_projects: tuple[str, ...] = ()
+    # The GKE resource label (KEY=VALUE) that puts a cluster of FLEET_PROJECTS in the fleet.
+    fleet_label: str = "tpuprov=enabled"
+    # How long one project's cluster listing answers before GKE is asked again: a newly labelled
+    # cluster is served within this many seconds, and the listing costs one call per project each.
+    fleet_discovery_seconds: int = 300
 
     # Where the APIs live. Empty means production (gRPC to GKE, endpoint from get_cluster).
     gke_api_endpoint: str = ""  # e.g. http://127.0.0.1:8089 (REST, anonymous credentials)
@@ -522,8 +542,15 @@ class Settings:
                         f"setting {setting} entry {_quote(entry)} is not "
                         "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
                     )
+        for project in self.fleet_projects:
+            if not _PROJECT_ID.match(project):
+                raise InvalidInputError(
+                    f"setting FLEET_PROJECTS entry {_quote(project)} is not a project id (6 to 30 "
+                    "lower-case letters, digits and hyphens, starting with a letter)"
+                )
+        _ = self.fleet_label_pair  # raises on a malformed label, naming it
         if self.fleet_overrides:
-            for path in parse_fleet_overrides(self.fleet_overrides, self._overridable):
+            for path in parse_fleet_overrides(self.fleet_overrides, self._overridable, self.fleet_projects):
                 try:
                     self.for_cluster(path)  # each cluster's settings validated as a whole
                 except InvalidInputError as exc:
@@ -536,6 +563,7 @@ class Settings:
             "kube_list_page_size",
             "max_vms_per_jobset",
             "reconcile_cluster_seconds",
+            "fleet_discovery_seconds",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")
@@ -584,6 +612,23 @@ class Settings:
         return tuple(dict.fromkeys((*own, *self.fleet_clusters)))
 
     @property
+    def fleet_label_pair(self) -> tuple[str, str]:
+        """FLEET_LABEL as (key, value). Google Cloud's label rules (Resource Manager, "Requirements
+        for labels"): a key of 1-63 lower-case letters, digits, "_" or "-" starting with a letter;
+        a value of 0-63 of the same."""
+        key, sep, value = self.fleet_label.strip().partition("=")
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise InvalidInputError(
+                f"setting FLEET_LABEL={_quote(self.fleet_label)} is not KEY=VALUE with a GKE resource "
+                "label's key and value (lower-case letters, digits, _ and -; the key starts with a letter)"
+            )
+        return key, value
+
+    def discoverable(self, path: str) -> bool:
+        """Whether ``path`` is a cluster of FLEET_PROJECTS: in the fleet when GKE lists it labelled."""
+        return _CLUSTER_PATH.match(path) is not None and path.split("/")[1] in self.fleet_projects
+
+    @property
     def _overridable(self) -> tuple[str, ...]:
         return tuple(p for p in self.fleet_paths if p != self.cluster_path)
 
@@ -610,7 +655,9 @@ class Settings:
         """FLEET_OVERRIDES of ``path`` as field values (a bad one raises, naming the key; startup
         validation adds the cluster)."""
         fields = {f.name.upper(): f for f in dataclasses.fields(Settings)}
-        values = parse_fleet_overrides(self.fleet_overrides, self._overridable).get(path, {})
+        values = parse_fleet_overrides(self.fleet_overrides, self._overridable, self.fleet_projects).get(
+            path, {}
+        )
         return {fields[key].name: _parse(fields[key], raw) for key, raw in values.items()}
 
     @property

@@ -210,6 +210,28 @@ class ClusterInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class ListedCluster:
+    """One cluster of a project as GKE lists it: what the fleet's discovery decides on."""
+
+    path: str  # projects/P/locations/L/clusters/C
+    resource_labels: tuple[tuple[str, str], ...] = ()  # GKE resource labels, sorted by key
+
+    @property
+    def location(self) -> str:
+        """The cluster's zone or region."""
+        return self.path.split("/")[3]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterListing:
+    """Every cluster of one project (``projects/P/locations/-``). ``missing_zones``: zones GKE could
+    not answer for, whose clusters the list may lack (ListClustersResponse.missingZones)."""
+
+    clusters: tuple[ListedCluster, ...] = ()
+    missing_zones: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkloadPolicyInfo:
     """A Compute Engine workload policy (a regional resource policy) as the product reads it."""
 

@@ -138,3 +138,13 @@ def terraform_json(expression: str, workdir: Path) -> Any:
         check=True,
     )
     return json.loads(json.loads(result.stdout))
+
+
+def conditioned_on(grant: dict[str, Any]) -> str:
+    """The condition module a grant is limited by, unless the deployment discovers clusters of its
+    own project by label (then a cluster labelled later could not be named in it)."""
+    [dynamic] = [d["condition"] for d in grant["dynamic"] if "condition" in d]
+    assert first(dynamic["content"])["expression"] == "${condition.value}"
+    prefix, suffix = "${local.discovers_here ? [] : [", "]}"
+    assert dynamic["for_each"].startswith(prefix) and dynamic["for_each"].endswith(suffix)
+    return str(dynamic["for_each"]).removeprefix(prefix).removesuffix(suffix)

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from shared.app.deployment import sink_clusters
+from shared.app.deployment import ANY_CLUSTER, sink_clusters
 from shared.core.settings import Settings
-from tests.infra.hcl import INFRA, TF_ENV, first, hcl_block, module, terraform_json
+from tests.infra.hcl import INFRA, TF_ENV, conditioned_on, hcl_block, module, terraform_json
 
 TERRAFORM = shutil.which("terraform")
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
@@ -135,9 +135,11 @@ def test_the_condition_needs_cluster_paths(condition: Path) -> None:
 def test_each_function_role_and_the_setup_admin_are_bound_with_a_cluster_condition() -> None:
     root = module()
     grant = root.resource("google_project_iam_member", "function")
-    assert first(grant["condition"])["expression"] == "${module.managed_cluster_condition.expression}"
+    assert conditioned_on(grant) == "module.managed_cluster_condition.expression"
     admin = root.resource("google_project_iam_member", "setup_cluster_admin")
-    assert first(admin["condition"])["expression"] == "${module.setup_cluster_condition.expression}"
+    assert conditioned_on(admin) == "module.setup_cluster_condition.expression"
+    # Unconditioned only when project_id is itself one of the label-discovered fleet projects.
+    assert root.locals["discovers_here"] == "${contains(var.fleet_projects, var.project_id)}"
     assert root.modules["managed_cluster_condition"]["clusters"] == "${local.fleet}"
     assert root.locals["fleet"] == "${distinct(concat([local.managed_cluster], var.fleet_clusters))}"
     assert (
@@ -155,11 +157,17 @@ def test_each_function_role_and_the_setup_admin_are_bound_with_a_cluster_conditi
     assert env["SETUP_CLUSTERS"] == '${join(",", var.setup_clusters)}'
     # The functions manage exactly the clusters the grants and the sinks cover.
     assert env["FLEET_CLUSTERS"] == '${join(",", var.fleet_clusters)}'
-    # Every Kubernetes Engine Admin grant is the conditioned one.
-    admins = [
-        g for g in root.of_type("google_project_iam_member").values() if g["role"] == "roles/container.admin"
+    # Every Kubernetes Engine Admin grant in this project is the conditioned one; the other is
+    # made in the other fleet projects only.
+    admins = {
+        name: g
+        for name, g in root.of_type("google_project_iam_member").items()
+        if g["role"] == "roles/container.admin"
+    }
+    assert admins.pop("setup_cluster_admin") == admin
+    assert [(g["for_each"], g["project"]) for g in admins.values()] == [
+        ("${local.other_fleet_projects}", "${each.value}")
     ]
-    assert admins == [admin]
 
 
 @needs_terraform
@@ -196,9 +204,34 @@ def test_the_sinks_name_the_fleet_as_the_sandbox_does(tmp_path: Path) -> None:
         "projects/p/locations/us-central2-b/clusters/home",
         "projects/p/locations/us-east5/clusters/second",
     ]
-    expression = module().locals["sink_template_vars"]["clusters"].removeprefix("${").removesuffix("}")
-    expression = expression.replace("local.fleet", json.dumps(fleet))
-    assert terraform_json(expression, tmp_path) == sink_clusters(fleet)
+    template = module().locals["sink_template_vars"]["clusters"].removeprefix("${").removesuffix("}")
+    template = template.replace("local.fleet", json.dumps(fleet)).replace("var.project_id", '"p"')
+    template = template.replace("local.any_cluster", json.dumps(module().locals["any_cluster"]))
+    named = template.replace("var.fleet_projects", json.dumps(["other-project"]))
+    assert terraform_json(named, tmp_path) == sink_clusters(fleet)
+    # The deployment's own project discovered by label: every cluster's entries, as the router's.
+    every = template.replace("var.fleet_projects", json.dumps(["p"]))
+    assert terraform_json(every, tmp_path) == ANY_CLUSTER
+
+
+def test_each_other_fleet_project_gets_every_sink_and_every_role() -> None:
+    root = module()
+    assert root.locals["fleet_sinks"].startswith(
+        "${{for pair in setproduct(sort(local.other_fleet_projects), sort(keys(local.sinks)))"
+    )
+    sink = root.modules["fleet_sink"]
+    assert sink["for_each"] == "${local.fleet_sinks}" and sink["project_id"] == "${each.value.project}"
+    assert sink["topic_id"] == "${module.pubsub[local.sinks[each.value.sink]].topic_id}"
+    # The writer identity publishes to the topic in the topic's project, not the sink's.
+    writer = module("modules/sink").resource("google_pubsub_topic_iam_member", "writer")
+    assert writer["project"] == '${split("/", var.topic_id)[1]}'
+    role = root.resource("google_project_iam_custom_role", "fleet_function")
+    assert role["permissions"] == "${local.custom_role_permissions[each.value.function]}"
+    binding = root.resource("google_project_iam_member", "fleet_function")
+    assert binding["member"] == "serviceAccount:${google_service_account.runtime[each.value.function].email}"
+    assert (
+        root.locals["other_fleet_projects"] == "${setsubtract(toset(var.fleet_projects), [var.project_id])}"
+    )
 
 
 # --- topic publishers ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shared.core.settings import Settings
-from tests.infra.hcl import INFRA, ROOT, TF_ENV, WIRING, first, loads, module
+from tests.infra.hcl import INFRA, ROOT, TF_ENV, WIRING, conditioned_on, first, loads, module
 
 SINK_WIRING = {
     "pending-tpu-pods": "provision",
@@ -336,6 +336,13 @@ def test_broad_roles_only_on_the_setup_function() -> None:
     # The dedicated node service account's least-privilege roles (tests/infra/test_iam_scope.py).
     node_roles = grants.pop("node_roles")
     assert node_roles["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
+    # The other fleet projects' copies (tests/infra/test_iam_scope.py): the same roles, bound to the
+    # same accounts; Kubernetes Engine Admin there to the setup function only.
+    fleet_admin = grants.pop("fleet_setup_cluster_admin")
+    assert fleet_admin["role"] == "roles/container.admin"
+    assert fleet_admin["member"] == 'serviceAccount:${google_service_account.runtime["setup_cluster"].email}'
+    fleet_roles = grants.pop("fleet_function")
+    assert fleet_roles["role"] == "${google_project_iam_custom_role.fleet_function[each.key].id}"
     seen_event_grant = False
     for name, grant in grants.items():
         member = grant["member"]
@@ -344,7 +351,7 @@ def test_broad_roles_only_on_the_setup_function() -> None:
             assert member == 'serviceAccount:${google_service_account.runtime["setup_cluster"].email}', name
             assert grant["role"] == "roles/container.admin"
             # Held on the managed cluster and SETUP_CLUSTERS only, never on every cluster of the project.
-            assert first(grant["condition"])["expression"] == "${module.setup_cluster_condition.expression}"
+            assert conditioned_on(grant) == "module.setup_cluster_condition.expression"
         else:
             # Per-function custom roles, bound to the same function's account.
             assert grant["role"] == "${google_project_iam_custom_role.function[each.key].id}", name
@@ -361,7 +368,8 @@ def test_broad_roles_only_on_the_setup_function() -> None:
             )
         for role in BROAD_ROLES - {"roles/container.admin"}:
             assert role not in module(directory).text, (directory, role)
-    assert module().text.count("roles/container.admin") == 1
+    # The setup function's, in this project and in each other fleet project.
+    assert module().text.count("roles/container.admin") == 2
 
 
 # --- image -------------------------------------------------------------------------------------

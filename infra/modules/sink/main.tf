@@ -39,7 +39,8 @@ resource "google_logging_project_sink" "this" {
 }
 
 resource "google_pubsub_topic_iam_member" "writer" {
-  project = var.project_id
+  # The topic's own project (a fleet project's sink fills the deployment project's topic).
+  project = split("/", var.topic_id)[1]
   topic   = var.topic_id
   role    = "roles/pubsub.publisher"
   member  = google_logging_project_sink.this.writer_identity

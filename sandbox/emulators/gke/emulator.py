@@ -1,11 +1,11 @@
 """A local, stateful emulator of the ``google.container.v1`` REST surface the provisioner uses.
 
 It answers the real ``ClusterManagerClient`` (REST transport, ``http://`` endpoint, anonymous
-credentials) on 127.0.0.1 for: get cluster, list/create node pools, get/delete/update (node labels)
-a node pool and get an operation. Requests and responses use the same JSON mapping as GKE
-(camelCase fields, string or numeric enums as the client asks) and errors use the
-``{"error": {"code", "message", "status"}}`` shape, so the client raises the same
-``google.api_core`` exceptions it raises against GKE.
+credentials) on 127.0.0.1 for: get and list clusters, set a cluster's resource labels,
+list/create node pools, get/delete/update (node labels) a node pool and get an operation.
+Requests and responses use the same JSON mapping as GKE (camelCase fields, string or numeric
+enums as the client asks) and errors use the ``{"error": {"code", "message", "status"}}`` shape,
+so the client raises the same ``google.api_core`` exceptions it raises against GKE.
 
 In-process::
 
@@ -53,11 +53,16 @@ _log = logging.getLogger("sandbox.gke")
 _CreateRequestPb: Any = cs.CreateNodePoolRequest.pb()
 _UpdateRequestPb: Any = cs.UpdateNodePoolRequest.pb()
 _ListResponsePb: Any = cs.ListNodePoolsResponse.pb()
+_SetLabelsRequestPb: Any = cs.SetLabelsRequest.pb()
 # What GKE checks per method: its "API permissions" reference names container.clusters.update for
 # node-pool mutations and container.clusters.get for reads; its roles also carry the per-resource
 # container.nodePools.* permissions, and the emulator requires both.
 PERMISSIONS: dict[str, tuple[str, ...]] = {
     "get_cluster": ("container.clusters.get",),
+    # projects.locations.clusters.list and setResourceLabels: GKE's REST reference names the one
+    # permission each needs.
+    "list_clusters": ("container.clusters.list",),
+    "set_labels": ("container.clusters.update",),
     "list": ("container.clusters.get", "container.nodePools.list"),
     "get": ("container.clusters.get", "container.nodePools.get"),
     "create": ("container.clusters.update", "container.nodePools.create"),
@@ -351,6 +356,17 @@ class GkeEmulator:
     def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> Any:
         if kind == "get_cluster":
             return self.state.get_cluster(args[0])
+        if kind == "list_clusters":
+            return self.state.list_clusters(args[1], args[2])
+        if kind == "set_labels":
+            labels = _SetLabelsRequestPb()
+            try:
+                json_format.Parse(body or b"{}", labels)
+            except json_format.ParseError as err:
+                raise invalid(f"Invalid JSON payload received. {err}") from None
+            return self.state.set_resource_labels(
+                args[0], dict(labels.resource_labels), labels.label_fingerprint
+            )
         if kind == "list":
             return _ListResponsePb(node_pools=self.state.list_pools(args[0]))
         if kind == "get":

@@ -31,6 +31,9 @@ class ClusterSeed:
     # On by default: the product asks every TPU pool for GKE's metadata server, which GKE grants only
     # on such clusters (rules.check_workload_metadata); False seeds a cluster without it.
     workload_identity: bool = True
+    # resourceLabels the cluster starts with (GKE resource labels, not Kubernetes labels); they
+    # change through setResourceLabels, so the state keeps the current ones.
+    resource_labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def workload_pool(self) -> str:
@@ -74,6 +77,7 @@ class ClusterSeed:
         locations: tuple[str, ...] = (),
         release_channel: str = "REGULAR",
         workload_identity: bool = True,
+        resource_labels: tuple[tuple[str, str], ...] = (),
     ) -> ClusterSeed:
         """Build a seed from ``projects/P/locations/L/clusters/C``; zones default to the location's zone."""
         parts = path.strip("/").split("/")
@@ -91,4 +95,5 @@ class ClusterSeed:
             tuple(locations),
             release_channel,
             workload_identity=workload_identity,
+            resource_labels=resource_labels,
         )

@@ -9,6 +9,7 @@ their delay has elapsed, and applies the operation's effect on the pool at DONE.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 import threading
@@ -43,6 +44,13 @@ _log = logging.getLogger("sandbox.gke")
 
 NodePoolPb: Any = cs.NodePool.pb()
 ClusterPb: Any = cs.Cluster.pb()
+ListClustersResponsePb: Any = cs.ListClustersResponse.pb()
+
+
+def label_fingerprint(labels: dict[str, str]) -> str:
+    """An 8-hex-digit fingerprint of a label set, shaped as GKE's labelFingerprint ("a9dc16a7")."""
+    text = ",".join(f"{key}={labels[key]}" for key in sorted(labels))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 class GkeState:
@@ -60,6 +68,7 @@ class GkeState:
         self.capacity = PoolCapacity(capacity or CapacityModel(clock))
         self._clusters = {seed.path: seed for seed in clusters}
         self._pools: dict[str, dict[str, Any]] = {seed.path: {} for seed in clusters}
+        self._labels: dict[str, dict[str, str]] = {seed.path: dict(seed.resource_labels) for seed in clusters}
         self._ops: dict[str, Operation] = {}
         self._busy: dict[tuple[str, str], str] = {}  # (cluster, pool) -> running operation id
         self._op_ids = itertools.count(1)
@@ -151,26 +160,69 @@ class GkeState:
         """The Cluster message, with its current node pools."""
         self.advance()
         with self._lock:
+            return self._cluster_message(self.cluster(path))
+
+    def list_clusters(self, project: str, location: str) -> Any:
+        """ListClustersResponse for ``projects/P/locations/L``: "-" matches every zone and region
+        (GKE's projects.locations.clusters.list reference); a project without clusters lists none."""
+        self.advance()
+        with self._lock:
+            response = ListClustersResponsePb()
+            for seed in self._clusters.values():
+                if seed.project == project and location in ("-", seed.location):
+                    response.clusters.append(self._cluster_message(seed))
+            return response
+
+    def set_resource_labels(self, path: str, labels: dict[str, str], fingerprint: str) -> Any:
+        """Replace the cluster's resource labels, as setResourceLabels does: the request must carry
+        the fingerprint of the labels it replaces. GKE answers a stale or missing one with a 400
+        FAILED_PRECONDITION whose text is quoted in public reports (e.g. crossplane-contrib/
+        provider-gcp#477, GoogleCloudPlatform/k8s-config-connector#110)."""
+        with self._lock:
             seed = self.cluster(path)
-            cluster = ClusterPb(
-                name=seed.name,
-                location=seed.location,
-                locations=list(seed.locations),
-                status=cs.Cluster.Status.RUNNING,
-                self_link=f"{API_BASE}/{path}",
-                current_master_version="1.31.1-gke.1000000",
-            )
-            cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
-            seed.fill_endpoints(cluster)
-            if seed.workload_pool:
-                cluster.workload_identity_config.workload_pool = seed.workload_pool
-            if seed.release_channel:
-                # proto-plus enums subclass an untyped base, so mypy cannot see EnumMeta's lookup by name.
-                channels: Any = cs.ReleaseChannel.Channel
-                cluster.release_channel.channel = channels[seed.release_channel]
-            for pool in self._pools[path].values():
-                cluster.node_pools.append(pool)
-            return cluster
+            expected = label_fingerprint(self._labels[path])
+            if fingerprint != expected:
+                raise ApiError(
+                    400,
+                    "FAILED_PRECONDITION",
+                    "Labels could not be set due to fingerprint mismatch; try again with the proper "
+                    f'fingerprint: incorrect fingerprint supplied was "{fingerprint}", the expected '
+                    f'one is "{expected}".',
+                )
+            self._labels[path] = dict(labels)
+            op_id = f"operation-{next(self._op_ids)}"
+            start = now_rfc3339()
+            op = Operation(op_id, seed, cs.Operation.Type.SET_LABELS, "", self._clock(), 0.0, start)
+            op.done, op.end_time = True, now_rfc3339()
+            self._ops[op_id] = op
+            message = operation_message(op, self._clock())
+            message.target_link = f"{API_BASE}/{path}"
+            return message
+
+    def _cluster_message(self, seed: ClusterSeed) -> Any:
+        """The Cluster message of ``seed`` as it stands (called under the lock)."""
+        path = seed.path
+        cluster = ClusterPb(
+            name=seed.name,
+            location=seed.location,
+            locations=list(seed.locations),
+            status=cs.Cluster.Status.RUNNING,
+            self_link=f"{API_BASE}/{path}",
+            current_master_version="1.31.1-gke.1000000",
+            label_fingerprint=label_fingerprint(self._labels[path]),
+        )
+        cluster.resource_labels.update(self._labels[path])
+        cluster.master_auth.cluster_ca_certificate = seed.ca_certificate_b64
+        seed.fill_endpoints(cluster)
+        if seed.workload_pool:
+            cluster.workload_identity_config.workload_pool = seed.workload_pool
+        if seed.release_channel:
+            # proto-plus enums subclass an untyped base, so mypy cannot see EnumMeta's lookup by name.
+            channels: Any = cs.ReleaseChannel.Channel
+            cluster.release_channel.channel = channels[seed.release_channel]
+        for pool in self._pools[path].values():
+            cluster.node_pools.append(pool)
+        return cluster
 
     def list_pools(self, path: str) -> list[Any]:
         """Copies of the cluster's pools in creation order."""

@@ -12,6 +12,12 @@ if TYPE_CHECKING:
 
 _CLUSTER = r"/v1/(projects/[^/]+/locations/[^/]+/clusters/[^/]+)"
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    ("GET", re.compile(r"^/v1/(projects/([^/]+)/locations/([^/]+))/clusters$"), "list_clusters"),
+    (
+        "POST",
+        re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/clusters/[^/:]+):setResourceLabels$"),
+        "set_labels",
+    ),
     ("GET", re.compile(rf"^{_CLUSTER}$"), "get_cluster"),
     ("GET", re.compile(rf"^{_CLUSTER}/nodePools$"), "list"),
     ("POST", re.compile(rf"^{_CLUSTER}/nodePools$"), "create"),

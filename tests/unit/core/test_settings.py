@@ -274,3 +274,35 @@ def test_a_fleet_clusters_misspelled_capacity_policy_stops_the_runtime_at_startu
         InvalidInputError, match=r'FLEET_OVERRIDES\["projects/q/.*/d"\]: setting CAPACITY_POLICY'
     ):
         Runtime(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FLEET_PROJECTS": "team-b-proj,Team_C"}, r'FLEET_PROJECTS entry "Team_C" is not a project id'),
+        ({"FLEET_LABEL": "tpuprov"}, r'FLEET_LABEL="tpuprov" is not KEY=VALUE'),
+        ({"FLEET_LABEL": "TPU=yes"}, r'FLEET_LABEL="TPU=yes" is not KEY=VALUE'),
+        ({"FLEET_DISCOVERY_SECONDS": "0"}, r"FLEET_DISCOVERY_SECONDS=0 must be >= 1"),
+        (
+            {
+                "FLEET_PROJECTS": "team-b-proj",
+                "FLEET_OVERRIDES": '{"projects/team-c-proj/locations/l/clusters/x": {}}',
+            },
+            r"not one of FLEET_CLUSTERS .* nor a cluster of FLEET_PROJECTS \(team-b-proj\)",
+        ),
+    ],
+    ids=["project-id", "no-value", "upper-case-key", "zero-ttl", "override-outside-the-projects"],
+)
+def test_label_discovery_settings_are_checked_at_startup(env: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        Settings.from_env(env)
+
+
+def test_a_cluster_of_a_fleet_project_may_take_overrides_before_it_is_labelled() -> None:
+    path = "projects/team-b-proj/locations/us-east5/clusters/train"
+    settings = Settings.from_env(
+        {"FLEET_PROJECTS": "team-b-proj", "FLEET_OVERRIDES": json.dumps({path: {"CHIP_BUDGET": 64}})}
+    )
+    assert settings.discoverable(path) and not settings.discoverable("projects/x-proj/locations/l/clusters/c")
+    assert settings.for_cluster(path).chip_budget == 64
+    assert settings.fleet_label_pair == ("tpuprov", "enabled")
