@@ -359,11 +359,7 @@ class GkeEmulator:
         if kind == "list_clusters":
             return self.state.list_clusters(args[1], args[2])
         if kind == "set_labels":
-            labels = _SetLabelsRequestPb()
-            try:
-                json_format.Parse(body or b"{}", labels)
-            except json_format.ParseError as err:
-                raise invalid(f"Invalid JSON payload received. {err}") from None
+            labels = _parsed(body, _SetLabelsRequestPb())
             return self.state.set_resource_labels(
                 args[0], dict(labels.resource_labels), labels.label_fingerprint
             )
@@ -376,20 +372,12 @@ class GkeEmulator:
         if kind == "get_operation":
             return self.state.get_operation(*args)
         if kind == "update":
-            update = _UpdateRequestPb()
-            try:
-                json_format.Parse(body or b"{}", update)
-            except json_format.ParseError as err:
-                raise invalid(f"Invalid JSON payload received. {err}") from None
+            update = _parsed(body, _UpdateRequestPb())
             expected = f"{args[0]}/nodePools/{args[1]}"
             if update.name and update.name != expected:
                 raise invalid(f"name {update.name!r} does not match the URL ({expected!r}).")
             return self.state.update_pool(args[0], args[1], update)
-        request = _CreateRequestPb()
-        try:
-            json_format.Parse(body or b"{}", request)
-        except json_format.ParseError as err:
-            raise invalid(f"Invalid JSON payload received. {err}") from None
+        request = _parsed(body, _CreateRequestPb())
         if request.parent and request.parent != args[0]:
             raise invalid(f"parent {request.parent!r} does not match the URL ({args[0]!r}).")
         if not request.HasField("node_pool"):
@@ -400,6 +388,15 @@ class GkeEmulator:
     def _send_error(request: Handler, err: ApiError) -> None:
         payload = {"error": {"code": err.code, "message": err.message, "status": err.status}}
         request.send_json(err.code, json.dumps(payload))
+
+
+def _parsed(body: bytes, message: Any) -> Any:
+    """A request body parsed into ``message``; GKE's 400 text for a body that is not its JSON."""
+    try:
+        json_format.Parse(body or b"{}", message)
+    except json_format.ParseError as err:
+        raise invalid(f"Invalid JSON payload received. {err}") from None
+    return message
 
 
 def main(argv: list[str] | None = None) -> int:
