@@ -154,6 +154,7 @@ def _calls(emulators: dict[str, Any], token: str) -> dict[str, Callable[[], Any]
     operation = f"projects/{PROJECT}/locations/{ZONE}/operations/x"
     return {
         "NodePoolAPI.get_cluster": lambda: gke.get_cluster(CLUSTER),
+        "NodePoolAPI.list_clusters": lambda: gke.list_clusters(PROJECT),
         "NodePoolAPI.list_node_pools": lambda: gke.list_node_pools(CLUSTER),
         "NodePoolAPI.get_node_pool": lambda: gke.get_node_pool(CLUSTER, "existing"),
         "NodePoolAPI.create_node_pool": lambda: gke.create_node_pool(CLUSTER, spec("new"), "t"),
