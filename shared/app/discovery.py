@@ -51,21 +51,15 @@ class FleetDirectory:
         self._known: dict[str, _Known] = {}
         self._locks = {project: threading.Lock() for project in self._projects}
 
-    def labelled(self, path: str) -> bool:
+    def labelled(self, path: str, fresh: bool = False) -> bool:
         """Whether the cluster ``path`` (of a FLEET_PROJECTS project) carries the fleet label now,
-        as far as the project's listing (at most one TTL old) says. Raises TransientError when GKE
-        cannot list a project that has no listing yet."""
+        as far as the project's listing (at most one TTL old; ``fresh``: taken now, for a cluster
+        just created or relabelled) says. Raises TransientError when GKE cannot list a project
+        that has no listing yet."""
         project = path.split("/")[1]
         if project not in self._locks:
             return False
-        return path in self._members(project, fresh=False)
-
-    def refresh(self, path: str) -> bool:
-        """``labelled`` from a listing taken now (a cluster just created or relabelled)."""
-        project = path.split("/")[1]
-        if project not in self._locks:
-            return False
-        return path in self._members(project, fresh=True)
+        return path in self._members(project, fresh)
 
     def members(self) -> list[str]:
         """Every labelled cluster of every listed project, sorted; a project GKE cannot list now
@@ -73,7 +67,7 @@ class FleetDirectory:
         found: set[str] = set()
         for project in self._projects:
             try:
-                found |= self._members(project, fresh=False)
+                found |= self._members(project, False)
             except (TransientError, PermanentError) as exc:
                 logs.decision(
                     log,
@@ -106,11 +100,9 @@ class FleetDirectory:
                 )
                 return known.members
             members = self._labelled_in(listing, known)
-            if known is None or members != known.members:
-                joined, left = (
-                    sorted(members - (known.members if known else frozenset())),
-                    sorted((known.members if known else frozenset()) - members),
-                )
+            before = known.members if known is not None else frozenset()
+            if known is None or members != before:
+                joined, left = sorted(members - before), sorted(before - members)
                 logs.decision(
                     log,
                     "fleet.discovered",

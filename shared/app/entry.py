@@ -120,8 +120,7 @@ class Runtime:
     def _labelled(self, cluster_path: str, fresh: bool) -> bool:
         if not self.settings.discoverable(cluster_path):
             return False  # not a listed project's: decided without a call
-        directory = self.directory()
-        return directory.refresh(cluster_path) if fresh else directory.labelled(cluster_path)
+        return self.directory().labelled(cluster_path, fresh)
 
     def outsider(self, cluster_path: str) -> int:
         """Count one event of a cluster outside the fleet; how many of that cluster's there were.

@@ -27,11 +27,17 @@ log = logs.get("setup")
 _DEFAULT_PAYLOADS = (b"", b"{}", b"null")
 
 
+def _own_objects(runtime: Runtime) -> ApiClientObjects:
+    """The generic-object adapter of the cluster ``runtime`` serves, built once on its client."""
+    objects: ApiClientObjects = runtime.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
+    return objects
+
+
 def objects_for(runtime: Runtime, cluster_path: str) -> ApiClientObjects:
     """The generic-object adapter for ``cluster_path``, built once per instance and cluster."""
     member = runtime.member(cluster_path)
     if member is not None:  # a fleet cluster: its runtime's own client
-        return member.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
+        return _own_objects(member)
 
     def build(rt: Runtime) -> ApiClientObjects:
         from shared.cloud.kube import connect
@@ -96,8 +102,7 @@ def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
         source = "the message"
     logs.decision(log, "kueue.config", f"applying the Kueue configuration from {source}")
     # The managed cluster's own client: apply_kueue serves no other, so it never lists the fleet.
-    objects = runtime.service("objects", lambda rt: ApiClientObjects(rt.kube_api_client()))
-    service = KueueService(objects, Bounds.from_settings(settings))
+    service = KueueService(_own_objects(runtime), Bounds.from_settings(settings))
     report = service.apply(config)
     if any(queue.check_flavors for queue in config.cluster_queues):
         # Kueue keeps a ClusterQueue whose AdmissionCheck is not Active inactive: mark it Active

@@ -216,11 +216,6 @@ class ListedCluster:
     path: str  # projects/P/locations/L/clusters/C
     resource_labels: tuple[tuple[str, str], ...] = ()  # GKE resource labels, sorted by key
 
-    @property
-    def location(self) -> str:
-        """The cluster's zone or region."""
-        return self.path.split("/")[3]
-
 
 @dataclasses.dataclass(frozen=True)
 class ClusterListing:

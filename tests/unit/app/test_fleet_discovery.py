@@ -74,14 +74,14 @@ def test_a_fresh_question_lists_now() -> None:
     fleet = directory(gke, clock)
     assert not fleet.labelled(PLAIN)
     gke.listings["team-b-proj"] = listing((LABELLED, ON), (PLAIN, ON))  # created labelled
-    assert fleet.refresh(PLAIN)
+    assert fleet.labelled(PLAIN, fresh=True)
     assert gke.count("list_clusters") == 2
 
 
 def test_a_cluster_of_another_project_is_decided_without_a_call() -> None:
     gke, clock = FakeGke(), Clock()
     fleet = directory(gke, clock)
-    assert not fleet.labelled(ELSEWHERE) and not fleet.refresh(ELSEWHERE)
+    assert not fleet.labelled(ELSEWHERE) and not fleet.labelled(ELSEWHERE, fresh=True)
     assert gke.calls == []
 
 
