@@ -25,6 +25,7 @@ from shared.core.errors import InvalidInputError, PermanentError, Skip, Transien
 from shared.events import entries as logentries
 from shared.events.envelope import JobSetDeleted, JobSetFinished, PodUnschedulable, decode_log_entry
 from shared.events.fields import ClusterId, cluster_from_labels, validate_uid
+from shared.events.trigger import KUEUE_CLUSTER_ATTRIBUTE
 from tpuprov.cluster import require_cluster
 
 DEFAULT_TOPIC_PREFIX = "tpuprov"
@@ -186,14 +187,20 @@ def setup(cluster: ClusterId) -> Prepared:
     return Prepared("setup", data, {SOURCE_ATTRIBUTE: SOURCE_VALUE})
 
 
-def kueue(config_text: str, allowed_accelerators: tuple[str, ...] = ()) -> Prepared:
-    """A Kueue queue configuration (YAML or JSON), validated exactly as the function will."""
+def kueue(
+    config_text: str, allowed_accelerators: tuple[str, ...] = (), cluster: ClusterId | None = None
+) -> Prepared:
+    """A Kueue queue configuration (YAML or JSON), validated exactly as the function will; for
+    ``cluster`` (a fleet cluster) when given, else for the deployment's managed cluster."""
     from shared.kueue.config import parse_config  # the catalog and renderer are not needed elsewhere
 
     if not config_text.strip():
         raise InvalidInputError("the Kueue configuration is empty")
     parse_config(config_text, allowed_accelerators)
-    return Prepared("kueue", config_text.encode("utf-8"), {SOURCE_ATTRIBUTE: SOURCE_VALUE})
+    attributes = {SOURCE_ATTRIBUTE: SOURCE_VALUE}
+    if cluster is not None:
+        attributes[KUEUE_CLUSTER_ATTRIBUTE] = cluster.path
+    return Prepared("kueue", config_text.encode("utf-8"), attributes)
 
 
 # --- publishing -------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from shared.cloud.objects import ApiClientObjects, Bounds
 from shared.core import logs
 from shared.core.errors import InvalidInputError
 from shared.events import envelope as events
-from shared.events.trigger import parse_setup_payload
+from shared.events.fields import ClusterId
+from shared.events.trigger import KUEUE_CLUSTER_ATTRIBUTE, parse_setup_payload
 from shared.kueue.apply import KueueReport, KueueService
 from shared.kueue.config import load_config, parse_config
 from shared.kueue.model import TPU_SLICES_CHECK, TPU_SLICES_CONTROLLER
@@ -90,25 +91,48 @@ def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
         return report
 
 
-def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
-    """Apply the queue configuration in the message, or the deployed default for an empty one."""
-    settings = runtime.settings
-    payload = _payload(cloud_event, allow_empty=True).strip()
-    if payload in _DEFAULT_PAYLOADS:
-        config = load_config(settings.kueue_config_path, settings.allowed_accelerators)
-        source = settings.kueue_config_path or "the packaged default"
-    else:
-        config = parse_config(payload, settings.allowed_accelerators)
-        source = "the message"
-    logs.decision(log, "kueue.config", f"applying the Kueue configuration from {source}")
-    # The managed cluster's own client: apply_kueue serves no other, so it never lists the fleet.
-    service = KueueService(_own_objects(runtime), Bounds.from_settings(settings))
-    report = service.apply(config)
-    if any(queue.check_flavors for queue in config.cluster_queues):
-        # Kueue keeps a ClusterQueue whose AdmissionCheck is not Active inactive: mark it Active
-        # now rather than at the next reconcile sweep (which keeps it so).
-        runtime.kube().set_admission_check_active(
-            TPU_SLICES_CHECK,
-            f"{TPU_SLICES_CONTROLLER} provisions every TPU slice of a Workload before admission",
+def _kueue_target(runtime: Runtime, cloud_event: Any) -> Runtime:
+    """The runtime of the cluster the message's ``cluster`` attribute names (the managed cluster's
+    without one). A cluster outside the fleet is refused: applying queues is writing cluster-scoped
+    objects, so only a cluster this deployment serves, never whatever a publisher names."""
+    _, delivery, _ = events.unwrap_cloud_event(cloud_event)
+    named = (delivery.attributes.get(KUEUE_CLUSTER_ATTRIBUTE, "") if delivery is not None else "").strip()
+    if not named:
+        return runtime
+    cluster = ClusterId.from_path(named)  # InvalidInputError names what a path looks like
+    member = runtime.member(cluster.path)
+    if member is None:
+        raise InvalidInputError(
+            f"the message's cluster attribute names {cluster.path}, which is not a cluster this "
+            f"deployment serves (the managed cluster {runtime.settings.cluster_path}, one listed in "
+            "FLEET_CLUSTERS, or a cluster of FLEET_PROJECTS carrying FLEET_LABEL); nothing applied"
         )
-    return report
+    return member
+
+
+def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
+    """Apply the queue configuration in the message, or the deployed default for an empty one, to
+    the cluster the message's ``cluster`` attribute names (the managed cluster without one)."""
+    target = _kueue_target(runtime, cloud_event)
+    settings = target.settings  # a fleet cluster's own (FLEET_OVERRIDES: allowed accelerators...)
+    payload = _payload(cloud_event, allow_empty=True).strip()
+    with logs.bound(cluster=settings.cluster_path):
+        if payload in _DEFAULT_PAYLOADS:
+            config = load_config(settings.kueue_config_path, settings.allowed_accelerators)
+            source = settings.kueue_config_path or "the packaged default"
+        else:
+            config = parse_config(payload, settings.allowed_accelerators)
+            source = "the message"
+        logs.decision(
+            log, "kueue.config", f"applying the Kueue configuration from {source} to {settings.cluster_path}"
+        )
+        service = KueueService(_own_objects(target), Bounds.from_settings(settings))
+        report = service.apply(config)
+        if any(queue.check_flavors for queue in config.cluster_queues):
+            # Kueue keeps a ClusterQueue whose AdmissionCheck is not Active inactive: mark it Active
+            # now rather than at the next reconcile sweep (which keeps it so).
+            target.kube().set_admission_check_active(
+                TPU_SLICES_CHECK,
+                f"{TPU_SLICES_CONTROLLER} provisions every TPU slice of a Workload before admission",
+            )
+        return report

@@ -69,6 +69,13 @@ def _cluster_from_audit(entry: Mapping[str, Any]) -> tuple[ClusterId | None, str
     raise InvalidInputError("cluster creation audit entry names no cluster")
 
 
+# The Pub/Sub message attribute naming the cluster a queue configuration is for (apply_kueue):
+# ``gcloud pubsub topics publish TOPIC --message-file=F``
+# ``--attribute=cluster=projects/P/locations/L/clusters/C``.
+# Without it the configuration is the managed cluster's.
+KUEUE_CLUSTER_ATTRIBUTE = "cluster"
+
+
 def parse_setup_payload(payload: bytes) -> tuple[ClusterId | None, str]:
     """The cluster to set up, or (None, why the message is ignored); malformed -> InvalidInputError."""
     try:

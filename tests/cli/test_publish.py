@@ -139,6 +139,20 @@ def test_kueue_message_is_the_validated_file() -> None:
     assert parse_config(data) == parse_config(KUEUE_FILE.read_text())
 
 
+def test_a_kueue_message_for_a_fleet_cluster_names_it_in_its_cluster_attribute() -> None:
+    publisher = RecordingPublisher()
+    other = ClusterId(PROJECT, "europe-west4", "eu-tpus")
+    assert (
+        run(["kueue", "-f", str(KUEUE_FILE), "--project", PROJECT, "--cluster", other.path], publisher) == 0
+    )
+    _, message = publisher.only_message()
+    assert message["attributes"]["cluster"] == other.path  # what apply_kueue applies it to
+    # Without a cluster it stays the deployment's own: no attribute.
+    publisher = RecordingPublisher()
+    assert run(["kueue", "-f", str(KUEUE_FILE), "--project", PROJECT], publisher) == 0
+    assert "cluster" not in publisher.only_message()[1]["attributes"]
+
+
 def test_defaults_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROJECT_ID", PROJECT)
     monkeypatch.setenv("LOCATION", LOCATION)

@@ -20,6 +20,8 @@ import yaml
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.sockets import free_port
 from sandbox.jobsets import tpu_jobset
+from sandbox.kube.api import ApiError
+from sandbox.polling import eventually
 from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.fnclient import LoggedFunction, served_function
 from shared.core import labels
@@ -34,6 +36,7 @@ HOME = ClusterId(PROJECT, LOCATION, "home")
 SECOND = ClusterId(PROJECT, LOCATION, "second")
 DOWN = ClusterId(PROJECT, LOCATION, "down")
 OUTSIDER = ClusterId("someone-else", LOCATION, "theirs")
+MANAGED = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 
 @pytest.fixture
@@ -84,6 +87,10 @@ def serve(gke: GkeEmulator, kube_server: KubeHandle, tmp_path: Path) -> Any:
             gke_api_endpoint=gke.url,
             kubeconfig=str(fleet_kubeconfig(kube_server, function, tmp_path)),
             event_coalesce_seconds=0,
+            # apply_kueue's bounds: an unreachable cluster's apply gives up in seconds, not minutes
+            setup_timeout_seconds=5,
+            setup_webhook_retry_seconds=1,
+            setup_poll_interval_ms=10,
         )
         return served_function(function, settings, f"tpuprov-{function}")
 
@@ -167,3 +174,47 @@ def test_a_fleet_clusters_own_settings_decide_its_deliveries(
         refused = [e for e in function.events("provision.refused") if e.get("cluster") == SECOND.path]
     assert names(gke, SECOND) == [] and len(names(gke, HOME)) == 1
     assert refused and "drain" in refused[0]["message"].lower()
+
+
+def _queues_message(cluster: ClusterId | None, sent: int) -> dict[str, Any]:
+    """An empty publish (the deployed default queues) with the ``cluster`` attribute naming ``cluster``."""
+    return {
+        "messageId": str(2000 + sent),
+        "publishTime": "2026-01-05T10:00:00Z",
+        "attributes": {"cluster": cluster.path} if cluster is not None else {},
+    }
+
+
+def test_apply_kueue_applies_to_the_cluster_the_message_names_and_refuses_an_outsider(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    def queues() -> list[str]:
+        return sorted(
+            q["metadata"]["name"]
+            for q in kube_server.list("kueue.x-k8s.io/v1beta2", "clusterqueues", label_selector=MANAGED)
+        )
+
+    def listed() -> tuple[list[str]] | None:
+        try:
+            return (queues(),)
+        except ApiError as exc:  # Kueue's CRDs freshly served: "storage is (re)initializing"
+            if exc.status != 429:
+                raise
+            return None
+
+    [before] = eventually(listed, 30, "the ClusterQueue API to serve")
+    with serve("apply_kueue") as function:
+        outsider = function.function.post_message(_queues_message(OUTSIDER, 1))
+        bad = function.function.post_message({**_queues_message(None, 2), "attributes": {"cluster": "c"}})
+        assert queues() == before  # refused without a write
+        down = function.function.post_message(_queues_message(DOWN, 3))
+        assert queues() == before  # the unreachable cluster's queues went nowhere else
+        home = function.function.post_message(_queues_message(None, 4))
+        acked = function.events("delivery.acked")
+        applied = function.events("kueue.applied")
+    assert (outsider.status_code, bad.status_code) == (200, 200)  # acknowledged: redelivery won't help
+    assert OUTSIDER.path in acked[0]["message"] and "nothing applied" in acked[0]["message"]
+    assert "projects/P/locations/L/clusters/C" in acked[1]["message"]
+    assert down.status_code == 503  # redelivered until "down" answers; nothing lost
+    assert home.status_code == 200 and [a["cluster"] for a in applied] == [HOME.path]
+    assert queues() != before

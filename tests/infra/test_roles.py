@@ -67,7 +67,9 @@ def test_the_paths_a_release_takes_are_seen() -> None:
 def test_the_kueue_applier_touches_only_queue_objects() -> None:
     calls = reached_calls(entrypoint("apply_kueue"))
     assert {call.split(".")[0] for call in calls} == {"ObjectAPI", "NodePoolAPI", "KubeAPI"}
-    assert set(calls) - {"NodePoolAPI.get_cluster"} == {
+    # Reading GKE: the cluster's endpoint, and the fleet's listing when the message's cluster
+    # attribute names a cluster of FLEET_PROJECTS.
+    assert set(calls) - {"NodePoolAPI.get_cluster", "NodePoolAPI.list_clusters"} == {
         "ObjectAPI.apply",
         "ObjectAPI.get",
         "ObjectAPI.list_objects",

@@ -90,7 +90,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="then follow the install on the cluster until JobSet and Kueue are Available (0: do not wait)",
     )
 
-    kueue = kinds.add_parser("kueue", help="a Kueue queue configuration (apply_kueue)")
+    kueue = kinds.add_parser(
+        "kueue",
+        help="a Kueue queue configuration (apply_kueue), for the cluster --location/--cluster name "
+        "(its cluster attribute: any cluster of the fleet), else the deployment's own",
+    )
     kueue.add_argument("-f", "--file", required=True, help="YAML or JSON configuration, - for stdin")
     kueue.add_argument(
         "--wait",
@@ -110,10 +114,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _prepare(args: argparse.Namespace) -> tuple[publish.Prepared, str]:
     """The message for ``args`` and the project whose topic receives it."""
     if args.kind == "kueue":
-        # The Kueue function applies to the cluster it is deployed for; only the topic's project matters.
+        # Without --cluster the Kueue function applies to the cluster it is deployed for, so only the
+        # topic's project matters; with it, the message's cluster attribute names a fleet cluster.
         if not args.project:
             raise InvalidInputError("give --project (or set PROJECT_ID): the project of the Kueue topic")
-        return publish.kueue(_read(args.file), Settings.from_env().allowed_accelerators), args.project
+        named = bool(args.cluster) and (bool(args.location) or args.cluster.startswith("projects/"))
+        target = publish.cluster_id(args.cluster, args.project, args.location) if named else None
+        text = _read(args.file)
+        return publish.kueue(text, Settings.from_env().allowed_accelerators, target), args.project
     cluster = publish.cluster_id(args.cluster or "", args.project, args.location)
     project = args.project or cluster.project
     if args.kind == "pending-pod":
