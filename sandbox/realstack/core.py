@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -30,17 +31,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.eventarc import EventarcRelay
 from sandbox.emulators.gcloud_pubsub import PubsubEmulator
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.logging.router import LogRouter
-from sandbox.kube import describe, netns, nodes
-from sandbox.kube.api import ApiError
+from sandbox.kube import netns
 from sandbox.kube.cluster import RealCluster
 from sandbox.polling import eventually
 from sandbox.realstack.kubestate import RealKubeState, collection
+from sandbox.realstack.plane import DEFAULT_POOL, JOBSET_API, ClusterPlane
 from sandbox.realstack.pods import PodFates
 from sandbox.realstack.releases import ReleaseWiring
 from sandbox.stack.config import REPO_ROOT, StackConfig
@@ -51,16 +54,16 @@ from sandbox.stack.timeline import Timeline
 from sandbox.stack.wiring import clients, create_wiring
 from shared.app.deployment import SINKS, TOPIC_PREFIX, wiring
 from shared.core import labels
+from shared.core.settings import fleet_context
 from shared.events.fields import ClusterId
+from shared.events.trigger import KUEUE_CLUSTER_ATTRIBUTE
 from shared.kueue.config import load_config, parse_config
 from shared.kueue.render import KUEUE_API, render
 
 T = TypeVar("T")
-JOBSET_API = f"{labels.JOBSET_GROUP}/{labels.JOBSET_VERSION}"
 ADOPTED_REASON = "TPUSliceAdopted"
 OPERATOR = "operator"
-DEFAULT_POOL = "default-pool"
-NODE_REGISTER_ATTEMPTS = 5
+__all__ = ["DEFAULT_POOL", "JOBSET_API", "RealStack"]
 
 
 class RealStack:
@@ -76,9 +79,24 @@ class RealStack:
         self._own_workdir = c.workdir is None
         self.workdir = Path(c.workdir) if c.workdir else Path(tempfile.mkdtemp(prefix="tpuprov-realstack-"))
         role_map: dict[str, Sequence[str]] = dict(roles if roles is not None else load_roles(REPO_ROOT))
-        self.kube_cluster = RealCluster(self.workdir / "kube", roles=role_map)
+        self.home = ClusterPlane(
+            self.cluster_id, c.cluster_zones, self.workdir / "kube", role_map, self.timeline.add
+        )
+        self.fleet = [
+            ClusterPlane(
+                ClusterId(c.project, zone, name),
+                (zone,),
+                self.workdir / f"kube-{name}",
+                role_map,
+                self.timeline.add,
+            )
+            for zone, name in c.fleet
+        ]
         self.gke = GkeEmulator(
-            [ClusterSeed(c.project, c.location, c.cluster_name, locations=c.cluster_zones or (c.location,))],
+            [
+                ClusterSeed(c.project, p.cluster_id.location, p.cluster_id.name, locations=p.zones)
+                for p in self.planes
+            ],
             op_delay=c.gke_op_delay,
         )
         self.compute = ComputeEmulator()
@@ -86,15 +104,10 @@ class RealStack:
         self.iam.grant(self.iam.principal_of(OPERATOR), ("container.*", "compute.*"))
         self.pubsub = PubsubEmulator(c.project)
         self.relay = EventarcRelay(c.project)
-        self.router: LogRouter | None = None
-        self.kube: RealKubeState | None = None
-        self.pods: PodFates | None = None
-        self.releases: ReleaseWiring | None = None
         self.publisher: Any = None
         self.function_urls: dict[str, str] = {}
         self.startup_seconds = 0.0
         self._started_at = 0.0
-        self._deleted_pools: list[str] = []
         self._decisions: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stopped = False
@@ -131,24 +144,23 @@ class RealStack:
         pubsub_thread = threading.Thread(target=start_pubsub, name="pubsub-start", daemon=True)
         self._pubsub_thread = pubsub_thread
         pubsub_thread.start()
-        self.kube_cluster.start()
-        admin = self.kube_cluster.client()
-        cpu = nodes.PoolNodes(DEFAULT_POOL, "e2-standard-4", {c.location: c.cpu_nodes})
-        nodes.register_pool_nodes(admin, c.cluster_name, cpu)
+        for plane in self.planes:
+            plane.start_control_plane(c.cpu_nodes)
         self.gke.set_iam(self.iam)
         self.compute.iam = self.iam
         self.gke.start()
         self.compute.start()
         self.gke.set_policy_lookup(self.compute.exists)
-        self.gke.on_pool_ready(lambda cluster, pool: self._pool_ready(pool))
-        self.gke.on_pool_deleted(lambda cluster, name: self._pool_deleted(name))
-        self.gke.on_pool_updated(lambda cluster, pool: self._pool_updated(pool))
+        topology = self.compute.topology_of
+        self.gke.on_pool_ready(lambda cluster, pool: self.plane(cluster).pool_ready(pool, topology))
+        self.gke.on_pool_deleted(lambda cluster, name: self.plane(cluster).pool_deleted(name))
+        self.gke.on_pool_updated(lambda cluster, pool: self.plane(cluster).pool_updated(pool, topology))
         self.relay.start()
         env = self._function_env()
         identities = {
             f: {
                 "EMULATOR_ACCESS_TOKEN": self.iam.token_for(f),
-                "KUBECONFIG": str(self.kube_cluster.kubeconfig_for(f)),
+                "KUBECONFIG": str(self._kubeconfig_for(f)),
             }
             for f in c.functions
         }
@@ -171,18 +183,10 @@ class RealStack:
         )
         self.publisher, subscriber = clients(self.pubsub.host)
         subscriber.close()
-        self.kube = RealKubeState(admin, self.kube_cluster.audit_log)
         sink_topics = {sink: wiring(function).topic(TOPIC_PREFIX) for sink, function in SINKS.items()}
-        self.router = LogRouter(
-            self.kube, self.cluster_id, c.sinks_dir, sink_topics, self.publisher, self.timeline.add
-        )
-        self.gke.on_operation_done(self.router.operation_done)
-        self.router.start()
-        self.kube.start()
-        self.pods = PodFates(admin)
-        self.pods.start()
-        self.releases = ReleaseWiring(self.kube_cluster)
-        self.releases.start()
+        for plane in self.planes:
+            router = plane.start_watchers(c.sinks_dir, sink_topics, self.publisher)
+            self.gke.on_operation_done(router.operation_done)
 
     def stop(self) -> None:
         """Stop everything started (idempotent): threads, functions, emulators, the control plane."""
@@ -190,15 +194,13 @@ class RealStack:
             return
         self._stopped = True
         steps: list[Callable[[], None]] = [
-            lambda: self.releases.stop() if self.releases else None,
-            lambda: self.pods.stop() if self.pods else None,
-            lambda: self.kube.stop() if self.kube else None,
+            *(step for plane in self.planes for step in plane.stop_watchers()),
             self.relay.stop,
             self.processes.stop_all,
-            lambda: self.router.stop() if self.router else None,
+            *(plane.stop_router for plane in self.planes),
             lambda: self.publisher.transport.close() if self.publisher else None,
             self._stop_pubsub,
-            self.kube_cluster.stop,
+            *(plane.kube_cluster.stop for plane in self.planes),
             self.gke.stop,
             self.compute.stop,
         ]
@@ -230,6 +232,7 @@ class RealStack:
             # The sandbox states its spending on purpose, as a deployment must
             # (shared.provisioning.tenancy.spending); a scenario of budgets sets its own in function_env.
             "UNLIMITED_SPENDING": "true",
+            **({"FLEET_CLUSTERS": ",".join(p.path for p in self.fleet)} if self.fleet else {}),
             **dict(c.function_env),
         }
 
@@ -243,105 +246,123 @@ class RealStack:
                 self._decisions.append({**record, "function": function})
             self.timeline.add(function, f"{record['event']}: {record.get('message', '')}")
 
-    def _pool_ready(self, pool: dict[str, Any]) -> None:
-        spec = nodes.pool_from_gke(pool, self.compute.topology_of)
-        # The emulator's hook only logs what it raises, and a pool whose Nodes never register leaves
-        # its pods pending for good: an API server slow under load gets more tries (the kubelets of a
-        # real pool keep trying to register too).
-        for attempt in range(1, NODE_REGISTER_ATTEMPTS + 1):
-            try:
-                names = nodes.register_pool_nodes(self.kube_cluster.client(), self.config.cluster_name, spec)
-                break
-            except (ApiError, OSError) as exc:
-                if isinstance(exc, ApiError) and exc.status < 500 and exc.status != 429:
-                    raise
-                if attempt == NODE_REGISTER_ATTEMPTS:
-                    raise
-                self.timeline.add("gke", f"pool {spec.pool}: registering its Nodes failed ({exc}); retrying")
-                time.sleep(attempt)
-        self.timeline.add("gke", f"pool {spec.pool} RUNNING: {len(names)} Node(s) registered")
+    # -- the clusters ---------------------------------------------------------------------------
 
-    def _pool_updated(self, pool: dict[str, Any]) -> None:
-        # GKE applies a pool's new node labels to its existing Nodes (UpdateNodePool).
-        spec = nodes.pool_from_gke(pool, self.compute.topology_of)
-        api = self.kube_cluster.client()
-        for manifest in nodes.node_manifests(self.config.cluster_name, spec):
-            patch = {"metadata": {"labels": manifest["metadata"]["labels"]}}
-            try:
-                api.patch(f"{nodes.NODES}/{manifest['metadata']['name']}", patch)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+    @property
+    def planes(self) -> list[ClusterPlane]:
+        """Every cluster of the stack: the managed one first, then the fleet's."""
+        return [self.home, *self.fleet]
 
-    def _pool_deleted(self, name: str) -> None:
-        with self._lock:
-            self._deleted_pools.append(name)
-        gone = nodes.delete_pool_nodes(self.kube_cluster.client(), name)
-        self.timeline.add("gke", f"pool {name} deleted: {len(gone)} Node(s) gone")
+    def plane(self, cluster: str) -> ClusterPlane:
+        """The cluster whose path or name is ``cluster``."""
+        for plane in self.planes:
+            if cluster in (plane.path, plane.cluster_id.name):
+                return plane
+        raise KeyError(f"no cluster {cluster} in this stack")
+
+    def _kubeconfig_for(self, function: str) -> Path:
+        """The function's kubeconfig: the managed cluster's credentials as the current context, and
+        each fleet cluster's under the context name ``gcloud container clusters get-credentials``
+        gives it (``shared.core.settings.fleet_context``), which is where the functions look."""
+        path = self.home.kube_cluster.kubeconfig_for(function)
+        if not self.fleet:
+            return path
+        config: dict[str, Any] = yaml.safe_load(path.read_text())
+        for plane in self.fleet:
+            other: dict[str, Any] = yaml.safe_load(plane.kube_cluster.kubeconfig_for(function).read_text())
+            context = fleet_context(*dataclasses.astuple(plane.cluster_id))
+            config["clusters"].append({**other["clusters"][0], "name": context})
+            config["users"].append({**other["users"][0], "name": context})
+            config["contexts"].append({"name": context, "context": {"cluster": context, "user": context}})
+        merged = self.workdir / f"kubeconfig-fleet-{function}"
+        merged.write_text(yaml.safe_dump(config, sort_keys=False))
+        merged.chmod(0o600)
+        return merged
+
+    # The managed cluster's parts, as a single-cluster stack has always named them.
+    @property
+    def kube_cluster(self) -> RealCluster:
+        return self.home.kube_cluster
+
+    @property
+    def kube(self) -> RealKubeState | None:
+        return self.home.kube
+
+    @property
+    def router(self) -> LogRouter | None:
+        return self.home.router
+
+    @property
+    def pods(self) -> PodFates | None:
+        return self.home.pods
+
+    @property
+    def releases(self) -> ReleaseWiring | None:
+        return self.home.releases
 
     # -- using the stack ------------------------------------------------------------------------
+    # Each call acts on the managed cluster, or on the fleet cluster ``cluster`` names (its path or
+    # name); ``stack.plane(cluster)`` has the rest of one cluster's view.
 
-    def setup(self, timeout: float = 300.0) -> None:
+    def _on(self, cluster: str | None) -> ClusterPlane:
+        return self.home if cluster is None else self.plane(cluster)
+
+    def setup(self, timeout: float = 300.0, cluster: str | None = None) -> None:
         """Publish the manual setup message (``{"cluster": path}``) and wait until setup_cluster has
         installed JobSet and Kueue, both local controllers serve, a JobSet create reaches their
         webhooks and the garbage collector acts on a deleted JobSet."""
-        assert self.releases is not None
+        plane = self._on(cluster)
+        releases = plane.releases
+        assert releases is not None
         topic = self.publisher.topic_path(self.config.project, wiring("setup_cluster").topic(TOPIC_PREFIX))
-        data = json.dumps({"cluster": self.cluster_id.path}).encode()
+        data = json.dumps({"cluster": plane.path}).encode()
         self.publisher.publish(topic, data).result(timeout=30)
-        self.timeline.add("user", "published the setup message")
+        self.timeline.add("user", f"published the setup message for {plane.cluster_id.name}")
         deadline = time.monotonic() + timeout
         for release in ("jobset", "kueue"):
-            if not self.releases.wait_ready(release, max(1.0, deadline - time.monotonic())):
-                raise TimeoutError(f"{release} not serving after setup: {self.releases.errors}")
-        self.wait_for(lambda: self.decisions("setup.component"), deadline - time.monotonic(), "setup")
+            if not releases.wait_ready(release, max(1.0, deadline - time.monotonic())):
+                raise TimeoutError(f"{release} not serving after setup: {releases.errors}")
+        self.wait_for(
+            lambda: [d for d in self.decisions("setup.component") if d.get("cluster") == plane.path],
+            deadline - time.monotonic(),
+            "setup",
+        )
         # A JobSet submitted next must reach both releases' webhooks, not a Service nothing serves.
-        self.wait_for(self.releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
+        self.wait_for(releases.admits_jobsets, max(1.0, deadline - time.monotonic()), "the webhooks")
         # And a JobSet deleted next must take its Jobs with it, as on a cluster that has run a while.
-        if not self.releases.garbage_collector_knows_jobsets(max(1.0, deadline - time.monotonic())):
+        if not releases.garbage_collector_knows_jobsets(max(1.0, deadline - time.monotonic())):
             raise TimeoutError("the garbage collector never deleted a deleted JobSet's Jobs after setup")
-        self.timeline.add("kube", "the garbage collector watches JobSets")
+        self.timeline.add("kube", f"{plane.cluster_id.name}: the garbage collector watches JobSets")
 
-    def submit(self, jobset: Mapping[str, Any]) -> dict[str, Any]:
+    def submit(self, jobset: Mapping[str, Any], cluster: str | None = None) -> dict[str, Any]:
         """Create a JobSet as the operator (kubectl create)."""
-        obj = {k: v for k, v in jobset.items()}
-        obj["metadata"] = {k: v for k, v in jobset["metadata"].items() if k != "uid"}
-        ns = str(obj["metadata"].get("namespace", "default"))
-        self.timeline.add("user", f"submitted JobSet {ns}/{obj['metadata']['name']}")
-        return self.kube_cluster.client().create(collection(JOBSET_API, "jobsets", ns), obj)
+        return self._on(cluster).submit(jobset)
 
-    def delete_jobset(self, namespace: str, name: str) -> bool:
-        self.timeline.add("user", f"kubectl delete jobset {namespace}/{name}")
-        return self.kube_cluster.client().delete(f"{collection(JOBSET_API, 'jobsets', namespace)}/{name}")
+    def delete_jobset(self, namespace: str, name: str, cluster: str | None = None) -> bool:
+        return self._on(cluster).delete_jobset(namespace, name)
 
-    def jobset(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.kube_cluster.client().get(f"{collection(JOBSET_API, 'jobsets', namespace)}/{name}")
+    def jobset(self, namespace: str, name: str, cluster: str | None = None) -> dict[str, Any] | None:
+        return self._on(cluster).jobset(namespace, name)
 
-    def jobset_state(self, namespace: str, name: str) -> str:
+    def jobset_state(self, namespace: str, name: str, cluster: str | None = None) -> str:
         """``Completed``, ``Failed``, ``Suspended``, ``Running`` or ``Gone``."""
-        jobset = self.jobset(namespace, name)
-        if jobset is None:
-            return "Gone"
-        conditions = (jobset.get("status") or {}).get("conditions") or []
-        for state in ("Completed", "Failed", "Suspended"):
-            if any(x.get("type") == state and x.get("status") == "True" for x in conditions):
-                return state
-        return "Running"
+        return self._on(cluster).jobset_state(namespace, name)
 
-    def pools(self) -> list[dict[str, Any]]:
-        return self.gke.pools(self.cluster_id.path)
+    def pools(self, cluster: str | None = None) -> list[dict[str, Any]]:
+        return self.gke.pools(self._on(cluster).path)
 
-    def managed_pools(self) -> list[dict[str, Any]]:
+    def managed_pools(self, cluster: str | None = None) -> list[dict[str, Any]]:
         return [
             p
-            for p in self.pools()
+            for p in self.pools(cluster)
             if ((p.get("config") or {}).get("labels") or {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
         ]
 
-    def events(self, reason: str | None = None, namespace: str | None = None) -> list[dict[str, Any]]:
+    def events(
+        self, reason: str | None = None, namespace: str | None = None, cluster: str | None = None
+    ) -> list[dict[str, Any]]:
         """Events in the API server (one namespace's, or all), optionally of one reason."""
-        selector = f"reason={reason}" if reason is not None else ""
-        return self.kube_cluster.client().list(collection("v1", "events", namespace), field_selector=selector)
+        return self._on(cluster).events(reason, namespace)
 
     def publish_entry(self, function: str, entry: Mapping[str, Any]) -> str:
         """Publish a LogEntry to ``function``'s topic as a sink would; returns the message id."""
@@ -349,32 +370,37 @@ class RealStack:
             raise RuntimeError("the stack is not started")
         return self.router.publish(wiring(function).topic(TOPIC_PREFIX), entry)
 
-    def apply_kueue(self, text: str | None = None, timeout: float = 60.0) -> None:
+    def apply_kueue(self, text: str | None = None, timeout: float = 60.0, cluster: str | None = None) -> None:
         """Publish a queue configuration (the packaged default when None) to apply_kueue's topic, as
-        an operator does, and wait until the function says it applied it and its ClusterQueues
-        exist. The queues appear while the function still writes the rest (and before its
-        ``kueue.applied`` line): what an operator waits for is the function's answer."""
+        an operator does (naming a fleet cluster in the message's ``cluster`` attribute), and wait
+        until the function says it applied it there and its ClusterQueues exist. The queues appear
+        while the function still writes the rest (and before its ``kueue.applied`` line): what an
+        operator waits for is the function's answer."""
+        plane = self._on(cluster)
         config = parse_config(text) if text is not None else load_config()
-        applied = len(self.decisions("kueue.applied", "apply_kueue"))
+
+        def applied() -> int:
+            return len(
+                [d for d in self.decisions("kueue.applied", "apply_kueue") if d.get("cluster") == plane.path]
+            )
+
+        before = applied()
         topic = self.publisher.topic_path(self.config.project, wiring("apply_kueue").topic(TOPIC_PREFIX))
-        self.publisher.publish(topic, (text or "").encode()).result(timeout=30)
-        self.timeline.add("user", "published a Kueue configuration to apply_kueue's topic")
-        api = self.kube_cluster.client()
+        attributes = {} if plane is self.home else {KUEUE_CLUSTER_ATTRIBUTE: plane.path}
+        self.publisher.publish(topic, (text or "").encode(), **attributes).result(timeout=30)
+        self.timeline.add("user", f"published a Kueue configuration for {plane.cluster_id.name}")
+        api = plane.kube_cluster.client()
         queues = [str(o["metadata"]["name"]) for o in render(config) if o["kind"] == "ClusterQueue"]
         path = collection(KUEUE_API, "clusterqueues", None)
         self.wait_for(
-            lambda: (
-                len(self.decisions("kueue.applied", "apply_kueue")) > applied
-                and all(api.get(f"{path}/{q}") for q in queues)
-            ),
+            lambda: applied() > before and all(api.get(f"{path}/{q}") for q in queues),
             timeout,
             "apply_kueue to apply the Kueue queues",
         )
 
-    def killed_pods(self) -> list[str]:
+    def killed_pods(self, cluster: str | None = None) -> list[str]:
         """Pods a pool deletion killed, read from the real pods (``PodFates``)."""
-        assert self.pods is not None, "the stack is not started"
-        return self.pods.killed()
+        return self._on(cluster).killed_pods()
 
     def decisions(self, event: str | None = None, function: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -392,13 +418,24 @@ class RealStack:
         """Poll ``predicate`` until truthy; TimeoutError with the timeline's tail."""
 
         def tail() -> str:
-            return "\n".join([*(e.render() for e in self.timeline.entries()[-40:]), *self.cluster_now()])
+            now = [line for plane in self.planes for line in plane.cluster_now()]
+            return "\n".join(
+                [
+                    *(
+                        e.render()
+                        for e in self.timeline.entries()[
+                            -int(os.environ.get("TPUPROV_TIMELINE_TAIL", "40")) :
+                        ]
+                    ),
+                    *now,
+                ]
+            )
 
         return eventually(predicate, timeout, what, interval, explain=tail)
 
-    def cluster_now(self) -> list[str]:
-        """``sandbox.kube.describe.cluster_now`` of this stack's cluster."""
-        return describe.cluster_now(self.kube_cluster.client())
+    def cluster_now(self, cluster: str | None = None) -> list[str]:
+        """``sandbox.kube.describe.cluster_now`` of the stack's cluster."""
+        return self._on(cluster).cluster_now()
 
     def env(self) -> dict[str, str]:
         """What a shell exports to use this stack (kubectl, tpuprov status/why, tpuprov publish); the
@@ -415,7 +452,9 @@ class RealStack:
     @property
     def pids(self) -> list[int]:
         """Every child process this stack runs: functions, control plane, controllers, Pub/Sub."""
-        pids = self.processes.pids + self.kube_cluster.registry.pids
+        pids = self.processes.pids + [
+            pid for plane in self.planes for pid in plane.kube_cluster.registry.pids
+        ]
         if self.pubsub.pid:
             pids.append(self.pubsub.pid)
         return pids
@@ -435,8 +474,7 @@ class RealStack:
     def summary(self) -> StackSummary:
         """The run's closing numbers; pods killed counted from the real pods (``PodFates``)."""
         assert self.pods is not None
-        with self._lock:
-            deleted = list(self._deleted_pools)
+        deleted = list(self.home.deleted_pools)
         return summarize(
             self.gke.calls,
             self.pools(),

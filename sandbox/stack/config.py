@@ -29,6 +29,9 @@ class StackConfig:
     cluster_name: str = "sandbox"
     # The cluster's node locations (a multi-zonal cluster lists more than one); () = just ``location``.
     cluster_zones: tuple[str, ...] = ()
+    # Further clusters of the same project served by the same functions (FLEET_CLUSTERS), each a
+    # (zone, name) with its own control plane, JobSet and Kueue (``sandbox.realstack.plane``).
+    fleet: tuple[tuple[str, str], ...] = ()
     functions: tuple[str, ...] = EVENT_FUNCTIONS
     gke_op_delay: float = 2.0  # seconds a node-pool create/delete operation takes
     retry: RetryPolicy = INFRA_RETRY_POLICY

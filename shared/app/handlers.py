@@ -56,6 +56,13 @@ def _member(runtime: Runtime, function: str, cluster: events.ClusterId) -> Runti
     return None
 
 
+# Node-pool operations whose end can make a Workload's slices ready: a create, and the relabel that
+# hands an idle pool over (``admission.pools.take_idle``). Without the second a Workload that took
+# an idle pool waited for the next reconcile tick: its check was evaluated while the relabel ran,
+# and no other event of its came.
+POOL_READYING_METHODS = frozenset({"CreateNodePool", "UpdateNodePool"})
+
+
 def coalescer(runtime: Runtime) -> Coalescer:
     """The instance's memory of objects decided in the last few seconds (``shared.app.coalesce``)."""
     return runtime.service("coalescer", lambda rt: Coalescer(window=rt.settings.event_coalesce_seconds))
@@ -136,8 +143,9 @@ def _provision(
         # A slot of the cluster's operation quota is free: waiting slices go now, not at a backoff.
         with logs.bound(pool=event.pool):
             requested = provisioner(runtime).resume(event.pool)
-            if event.method == "CreateNodePool":
-                # A pool is up: Workloads waiting for the admission check may be Ready (or have
+            if event.method in POOL_READYING_METHODS:
+                # A pool is up, or an idle one was relabelled for a Workload (the handover's
+                # UpdateNodePool): Workloads waiting for the admission check may be Ready (or have
                 # slices still to request) now, not at the next reconcile sweep.
                 results = admission_checker(runtime).sweep(f"{event.method} of {event.pool} finished")
                 requested.extend(name for result in results for name in result.created)

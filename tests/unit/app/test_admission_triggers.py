@@ -1,0 +1,64 @@
+"""Which finished node-pool operations move Kueue admission checks on at once (``handlers._provision``).
+
+A create that finishes, and the relabel that hands an idle pool to a Workload, can each make a
+Workload's slices ready; a delete cannot. The sweep is a stand-in: what is under test is which
+operation endings trigger it (the real-stack fleet tutorial once waited for a reconcile tick after
+a handover, because only a create did).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shared.app import handlers
+from shared.events.fields import ClusterId
+from shared.events.logentry import NodePoolOperationDone
+
+CLUSTER = ClusterId("p", "us-west4-a", "west")
+
+
+class Member:
+    def __init__(self) -> None:
+        self.settings = type("S", (), {"event_coalesce_seconds": 0, "cluster_path": CLUSTER.path})()
+        self._services: dict[str, Any] = {}
+
+    def service(self, name: str, factory: Callable[[Member], Any]) -> Any:
+        return self._services.setdefault(name, factory(self))
+
+
+class Checker:
+    def __init__(self) -> None:
+        self.sweeps: list[str] = []
+
+    def sweep(self, trigger: str) -> list[Any]:
+        self.sweeps.append(trigger)
+        return []
+
+
+class Provisioner:
+    def resume(self, pool: str) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("method", "sweeps"),
+    [
+        ("CreateNodePool", True),
+        ("UpdateNodePool", True),
+        ("DeleteNodePool", False),
+        ("SetNodePoolSize", False),
+    ],
+)
+def test_a_finished_create_or_handover_relabel_sweeps_the_admission_checks(
+    monkeypatch: pytest.MonkeyPatch, method: str, sweeps: bool
+) -> None:
+    checker = Checker()
+    monkeypatch.setattr(handlers, "admission_checker", lambda runtime: checker)
+    monkeypatch.setattr(handlers, "provisioner", lambda runtime: Provisioner())
+    event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, False, datetime.datetime.now(datetime.UTC))
+    handlers._provision(Member(), event)  # type: ignore[arg-type]
+    assert checker.sweeps == ([f"{method} of tpu-pool-a finished"] if sweeps else [])
