@@ -137,7 +137,11 @@ def _provision(
     event: events.NodePoolOperationDone | events.WorkloadQuotaReserved | events.PodUnschedulable,
 ) -> Outcome | None:
     if isinstance(event, events.NodePoolOperationDone):
-        key = f"operation:{event.method}:{event.pool}"
+        # One key per operation: a redelivery of its entry is coalesced, the pool's next operation
+        # is not (a handover's relabel can finish seconds after the release's relabel of the same
+        # pool, and its end is what makes the Workload's slices ready). Without an id (a manual
+        # publish), the entry's time tells operations apart.
+        key = f"operation:{event.method}:{event.pool}:{event.operation or event.timestamp.isoformat()}"
         if _decided(runtime, "provision", key):
             return None
         # A slot of the cluster's operation quota is free: waiting slices go now, not at a backoff.

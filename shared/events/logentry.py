@@ -109,6 +109,9 @@ class NodePoolOperationDone:
     method: str  # e.g. "CreateNodePool"
     failed: bool
     timestamp: datetime
+    # The LogEntry's ``operation.id`` (GKE's operation name; its first and last audit entries share
+    # it): two operations of one pool, say two relabels seconds apart, are two events, not one.
+    operation: str = ""
 
 
 # Node-pool operations that hold one of the cluster's operation slots while they run.
@@ -336,7 +339,17 @@ def _nodepool_operation(
         method=verb,
         failed=isinstance(code, int) and code != 0,
         timestamp=_entry_time(entry, {}),
+        operation=_operation_id(operation),
     )
+
+
+def _operation_id(operation: Mapping[str, Any]) -> str:
+    """``operation.id`` of the entry (LogEntryOperation, Cloud Logging's LogEntry reference), or
+    "" when it is missing or not a plausible id: it only tells operations apart, never names one."""
+    value = operation.get("id")
+    if not isinstance(value, str) or not 0 < len(value) <= 256 or not value.isprintable():
+        return ""
+    return value
 
 
 def _audit_event(

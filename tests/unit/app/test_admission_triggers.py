@@ -62,3 +62,22 @@ def test_a_finished_create_or_handover_relabel_sweeps_the_admission_checks(
     event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, False, datetime.datetime.now(datetime.UTC))
     handlers._provision(Member(), event)  # type: ignore[arg-type]
     assert checker.sweeps == ([f"{method} of tpu-pool-a finished"] if sweeps else [])
+
+
+def test_each_operation_of_a_pool_sweeps_once_and_a_redelivered_one_does_not_sweep_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release relabels an idle pool, then a Workload's handover relabels it again a second
+    later: the second UpdateNodePool's end is what makes the slices ready, and must not be taken for
+    a redelivery of the first (the fleet tutorial stalled on it until a reconcile tick)."""
+    checker = Checker()
+    monkeypatch.setattr(handlers, "admission_checker", lambda runtime: checker)
+    monkeypatch.setattr(handlers, "provisioner", lambda runtime: Provisioner())
+    member = Member()
+    member.settings.event_coalesce_seconds = 30  # type: ignore[attr-defined]
+    now = datetime.datetime.now(datetime.UTC)
+    kept_idle = NodePoolOperationDone(CLUSTER, "tpu-pool-a", "UpdateNodePool", False, now, "operation-1")
+    handed_over = NodePoolOperationDone(CLUSTER, "tpu-pool-a", "UpdateNodePool", False, now, "operation-2")
+    for event in (kept_idle, kept_idle, handed_over, handed_over):
+        handlers._provision(member, event)  # type: ignore[arg-type]
+    assert checker.sweeps == ["UpdateNodePool of tpu-pool-a finished"] * 2

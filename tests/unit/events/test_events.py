@@ -168,13 +168,15 @@ ENTRY_CASES: list[tuple[str, dict[str, Any], Event]] = [
     ),
     (
         "nodepool-create-finished",
-        le.nodepool_operation_entry(CLUSTER, "tpu-a", when=WHEN),
-        NodePoolOperationDone(CLUSTER, "tpu-a", "CreateNodePool", False, WHEN),
+        le.nodepool_operation_entry(CLUSTER, "tpu-a", operation="operation-17", when=WHEN),
+        NodePoolOperationDone(CLUSTER, "tpu-a", "CreateNodePool", False, WHEN, "operation-17"),
     ),
     (
         "nodepool-delete-failed",
-        le.nodepool_operation_entry(CLUSTER, "tpu-a", "DeleteNodePool", status_code=9, when=WHEN),
-        NodePoolOperationDone(CLUSTER, "tpu-a", "DeleteNodePool", True, WHEN),
+        le.nodepool_operation_entry(
+            CLUSTER, "tpu-a", "DeleteNodePool", operation="operation-18", status_code=9, when=WHEN
+        ),
+        NodePoolOperationDone(CLUSTER, "tpu-a", "DeleteNodePool", True, WHEN, "operation-18"),
     ),
     (
         "nodepool-create-started",
