@@ -168,6 +168,64 @@ resource "google_service_account_iam_member" "node_service_account_user" {
   member             = "serviceAccount:${google_service_account.runtime[each.key].email}"
 }
 
+# The nodes of a cluster in another fleet project run as an account of that project: GKE's node
+# service account needs roles/container.defaultNodeServiceAccount on the cluster's project
+# (https://docs.cloud.google.com/kubernetes-engine/security/configure-node-service-accounts), and
+# an account of another project can be attached to its VMs only where the organization policy
+# allows service accounts across projects (iam.disableCrossProjectServiceAccountUsage,
+# https://cloud.google.com/resource-manager/docs/organization-policy/restricting-service-accounts;
+# https://cloud.google.com/iam/docs/attach-service-accounts), and then only once the cluster
+# project's service agents hold a role on it as well. So each other fleet project gets the same
+# least-privilege <topic_prefix>-nodes account as this one, unless var.fleet_node_service_accounts
+# names one.
+locals {
+  fleet_node_accounts_created = setsubtract(local.other_fleet_projects, keys(var.fleet_node_service_accounts))
+  # Project -> the email its TPU nodes run as (output fleet_node_service_accounts).
+  fleet_node_service_accounts = merge(
+    { for project in local.fleet_node_accounts_created : project => google_service_account.fleet_nodes[project].email },
+    var.fleet_node_service_accounts,
+  )
+  fleet_node_roles = {
+    for pair in setproduct(sort(local.fleet_node_accounts_created), sort(var.node_service_account_roles)) :
+    "${pair[0]}/${pair[1]}" => { project = pair[0], role = pair[1] }
+  }
+  fleet_node_users = {
+    for pair in setproduct(sort(local.other_fleet_projects), local.node_pool_creators) :
+    "${pair[0]}/${pair[1]}" => { project = pair[0], function = pair[1] }
+  }
+}
+
+resource "google_service_account" "fleet_nodes" {
+  for_each = local.fleet_node_accounts_created
+
+  project      = each.value
+  account_id   = "${var.topic_prefix}-nodes"
+  display_name = "tpu-provisioner TPU nodes (${var.topic_prefix})"
+}
+
+resource "google_project_iam_member" "fleet_node_roles" {
+  for_each = local.fleet_node_roles
+
+  project = each.value.project
+  role    = each.value.role
+  member  = "serviceAccount:${google_service_account.fleet_nodes[each.value.project].email}"
+}
+
+# The pool-creating functions act as each project's node account, as they do as this project's.
+# A named account is addressed in its own project (the one its email names), which need not be
+# the fleet project.
+resource "google_service_account_iam_member" "fleet_node_service_account_user" {
+  for_each = local.fleet_node_users
+
+  service_account_id = format(
+    "projects/%s/serviceAccounts/%s",
+    split(".", split("@", local.fleet_node_service_accounts[each.value.project])[1])[0],
+    local.fleet_node_service_accounts[each.value.project],
+  )
+  role   = "roles/iam.serviceAccountUser"
+  member = "serviceAccount:${google_service_account.runtime[each.value.function].email}"
+}
+
 # With customer-managed encryption the Pub/Sub service agent must be able to use the key.
 resource "google_kms_crypto_key_iam_member" "pubsub_cmek" {
   count = var.pubsub_kms_key_name == null ? 0 : 1

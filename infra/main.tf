@@ -86,10 +86,59 @@ locals {
   }
   any_cluster = "resource.labels.cluster_name:*"
 
-  # The other fleet projects: each gets every sink, filling this project's topics.
+  # The other fleet projects' entries reach this project's topics in one of two ways
+  # (var.fleet_sink_parent): by default each of those projects gets every sink (module
+  # "fleet_sink"); with a folder or organization named, one aggregated sink per sink file there
+  # (module "fleet_parent_sink") replaces all the copies. project_id keeps its own sinks (module
+  # "sink") either way: it need not be beneath that folder, and its sinks name its clusters
+  # (fleet_clusters) where the aggregated ones take every cluster of a project.
+  fleet_sink_projects = var.fleet_sink_parent == "" ? local.other_fleet_projects : toset([])
   fleet_sinks = {
-    for pair in setproduct(sort(local.other_fleet_projects), sort(keys(local.sinks))) :
+    for pair in setproduct(sort(local.fleet_sink_projects), sort(keys(local.sinks))) :
     "${pair[0]}/${pair[1]}" => { project = pair[0], sink = pair[1] }
+  }
+
+  # An aggregated sink's filter is what the per-project copies would export, together: each file
+  # rendered as for one of those projects (every cluster, as in module "fleet_sink"), with that
+  # project named by the list of them. The files name their project in exactly two ways, the
+  # log's name (logName="projects/P/logs/L") and resource.labels.project_id="P"
+  # (tests/infra/test_fleet.py checks that no other form appears), so the file is rendered once
+  # for a placeholder project, and each of the two becomes an OR over the other fleet projects:
+  # a few dozen characters per project instead of a whole filter, against Cloud Logging's 20,000
+  # (modules/aggregated_sink). The one entry this passes and no copy would is one written to a
+  # fleet project's log about a resource of another fleet project; GKE writes a cluster's entries
+  # to the cluster's own project. The sandbox's log router keeps reading the files unchanged.
+  # project_id is not in the list, so its entries, which its own sinks export, are not exported a
+  # second time when it is beneath the folder.
+  fleet_sink_placeholder = "tpuprov-fleet-placeholder"
+  fleet_parent_sinks = {
+    for name, function in local.sinks : name => {
+      function = function
+      filter = replace(
+        replace(
+          templatefile("${path.module}/../sinks/${name}.filter", {
+            project_id = local.fleet_sink_placeholder
+            clusters   = local.any_cluster
+          }),
+          "/\"projects/${local.fleet_sink_placeholder}/logs/([^\"]+)\"/",
+          format("(%s)", join(" OR ", [for project in sort(local.other_fleet_projects) : "\"projects/${project}/logs/$1\""])),
+        ),
+        "resource.labels.project_id=\"${local.fleet_sink_placeholder}\"",
+        format("resource.labels.project_id=(%s)", join(" OR ", [for project in sort(local.other_fleet_projects) : "\"${project}\""])),
+      )
+    } if var.fleet_sink_parent != "" && length(local.other_fleet_projects) > 0
+  }
+
+  # FLEET_OVERRIDES: var.fleet_overrides, under which each other fleet project's entry
+  # (projects/P, which every fleet cluster of P takes unless its own entry says otherwise) names
+  # the project's node service account, so a cluster labelled into the fleet later builds its pools
+  # with its own project's account; an entry of var.fleet_overrides wins key by key.
+  fleet_node_overrides = {
+    for project, email in local.fleet_node_service_accounts : "projects/${project}" => { NODE_SERVICE_ACCOUNT = email }
+  }
+  fleet_overrides = {
+    for key in distinct(concat(keys(local.fleet_node_overrides), keys(var.fleet_overrides))) :
+    key => merge(lookup(local.fleet_node_overrides, key, {}), lookup(var.fleet_overrides, key, {}))
   }
 
   # The environment every service reads through shared.core.settings.Settings.from_env: the settings
@@ -120,6 +169,7 @@ locals {
     FLEET_CLUSTERS         = join(",", var.fleet_clusters)
     FLEET_PROJECTS         = join(",", var.fleet_projects)
     FLEET_LABEL            = var.fleet_label
+    FLEET_OVERRIDES        = jsonencode(local.fleet_overrides)
     CONTROL_PLANE_ENDPOINT = var.control_plane_endpoint
   }
 
@@ -206,6 +256,19 @@ module "fleet_sink" {
     clusters   = local.any_cluster
   })
   topic_id = module.pubsub[local.sinks[each.value.sink]].topic_id
+}
+
+# The same sinks once, on the folder or organization var.fleet_sink_parent names, for the other
+# fleet projects beneath it (modules/aggregated_sink: non-intercepting, children included). Each
+# writer identity may publish to its one topic, as with the per-project sinks.
+module "fleet_parent_sink" {
+  source   = "./modules/aggregated_sink"
+  for_each = local.fleet_parent_sinks
+
+  parent   = var.fleet_sink_parent
+  name     = "${var.topic_prefix}-${each.key}"
+  filter   = each.value.filter
+  topic_id = module.pubsub[each.value.function].topic_id
 }
 
 module "function" {

@@ -43,6 +43,16 @@ output "sink_writer_identities" {
   value       = { for name, sink in module.sink : name => sink.writer_identity }
 }
 
+output "fleet_parent_sink_writer_identities" {
+  description = "Writer identity of each aggregated sink on fleet_sink_parent (holds roles/pubsub.publisher on its own topic only); empty without fleet_sink_parent."
+  value       = { for name, sink in module.fleet_parent_sink : name => sink.writer_identity }
+}
+
+output "fleet_node_service_accounts" {
+  description = "Service account the TPU nodes of each other fleet project's clusters are to run as (project -> email): fleet_node_service_accounts, or the project's dedicated <prefix>-nodes account."
+  value       = local.fleet_node_service_accounts
+}
+
 output "cluster" {
   description = "The cluster this deployment manages."
   value       = "projects/${var.project_id}/locations/${var.cluster_location}/clusters/${var.cluster_name}"

@@ -233,7 +233,7 @@ variable "fleet_clusters" {
 
 variable "fleet_projects" {
   type        = list(string)
-  description = "Projects whose GKE clusters join the fleet by carrying fleet_label (FLEET_PROJECTS), found through GKE without a redeploy. In each project other than project_id this makes the sinks (filling this project's topics) and the functions' custom roles and bindings; the GKE grants there, and in project_id when it is listed, cover every cluster of the project, since a cluster labelled later cannot be named in an IAM Condition now."
+  description = "Projects whose GKE clusters join the fleet by carrying fleet_label (FLEET_PROJECTS), found through GKE without a redeploy. In each project other than project_id this makes the sinks filling this project's topics (or, with fleet_sink_parent, one aggregated sink per file for all of them), the functions' custom roles and bindings, and the nodes' service account (fleet_node_service_accounts); the GKE grants there, and in project_id when it is listed, cover every cluster of the project, since a cluster labelled later cannot be named in an IAM Condition now."
   default     = []
 
   validation {
@@ -252,6 +252,52 @@ variable "fleet_label" {
     # Google Cloud label syntax: a key of 1-63 lower-case letters, digits, _ or -, starting with a letter.
     condition     = can(regex("^[a-z][a-z0-9_-]{0,62}=[a-z0-9_-]{0,63}$", var.fleet_label))
     error_message = "fleet_label is KEY=VALUE with a GKE resource label's key and value."
+  }
+}
+
+variable "fleet_sink_parent" {
+  type        = string
+  description = "Where the entries of fleet_projects other than project_id are exported from. \"\" (the default): a copy of every sink in each of those projects. \"folders/ID\" or \"organizations/ID\": one non-intercepting aggregated sink per sink file on that folder or organization instead, with children included and its filter naming exactly those projects (each must be beneath it; project_id keeps its own sinks, and the filter leaves it out)."
+  default     = ""
+
+  validation {
+    condition     = var.fleet_sink_parent == "" || can(regex("^(folders|organizations)/[0-9]+$", var.fleet_sink_parent))
+    error_message = "fleet_sink_parent is \"\", folders/ID or organizations/ID (numeric ids, as `gcloud resource-manager folders list` shows them)."
+  }
+
+  # With no other project the aggregated filter would name none; refuse rather than make nothing.
+  validation {
+    condition     = var.fleet_sink_parent == "" || length(setsubtract(toset(var.fleet_projects), [var.project_id])) > 0
+    error_message = "fleet_sink_parent exports the entries of fleet_projects other than project_id: list at least one such project, or leave it empty."
+  }
+}
+
+variable "fleet_node_service_accounts" {
+  type        = map(string)
+  description = "Existing service account (email) the TPU nodes run as, per project of fleet_projects other than project_id. A fleet project left out gets a dedicated <topic_prefix>-nodes account of its own, with node_service_account_roles in that project; project_id's nodes use node_service_account. The pool-creating functions get iam.serviceAccountUser on each."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for project in keys(var.fleet_node_service_accounts) : contains(var.fleet_projects, project) && project != var.project_id])
+    error_message = "fleet_node_service_accounts keys are projects of fleet_projects other than project_id (project_id's nodes use node_service_account)."
+  }
+
+  # A user-managed account (NAME@PROJECT.iam.gserviceaccount.com): never Compute Engine's default
+  # one (PROJECT_NUMBER-compute@developer.gserviceaccount.com), which is often an Editor.
+  validation {
+    condition     = alltrue([for email in values(var.fleet_node_service_accounts) : can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]@[a-z][-a-z0-9]{4,28}[a-z0-9]\\.iam\\.gserviceaccount\\.com$", email))])
+    error_message = "fleet_node_service_accounts values are user-managed service account emails, NAME@PROJECT.iam.gserviceaccount.com (not Compute Engine's default account)."
+  }
+}
+
+variable "fleet_overrides" {
+  type        = map(map(string))
+  description = "Per-cluster settings (FLEET_OVERRIDES): { \"projects/P/locations/L/clusters/C\" = { CHIP_BUDGET = \"256\", NODE_LOCATIONS = \"us-east5-a,us-east5-b\" } }, values as their env variables take them; a key projects/P sets every fleet cluster of P. Which settings a cluster may override, and the checks the services make at startup: docs/settings.md. Each other fleet project's projects/P entry gets its node service account (fleet_node_service_accounts) unless this sets NODE_SERVICE_ACCOUNT there."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for key in keys(var.fleet_overrides) : can(regex("^projects/[^/]+(/locations/[^/]+/clusters/[^/]+)?$", key))])
+    error_message = "fleet_overrides keys are cluster paths projects/PROJECT/locations/LOCATION/clusters/NAME or projects/PROJECT."
   }
 }
 

@@ -79,6 +79,7 @@ def _list(raw: str) -> tuple[str, ...]:
 
 # A cluster path as GKE's API names it (the product's own form; zonal clusters use a zone as L).
 _CLUSTER_PATH = re.compile(r"^projects/[^/\s]+/locations/[^/\s]+/clusters/[^/\s]+$")
+_PROJECT_KEY = re.compile(r"^projects/[^/\s]+$")  # a FLEET_OVERRIDES key for a whole project
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # Project ids (Resource Manager: 6-30 characters, lower-case letters, digits and hyphens, starting
 # with a letter, not ending with a hyphen).
@@ -235,9 +236,12 @@ FLEET_OVERRIDABLE = frozenset(
 def parse_fleet_overrides(
     text: str, fleet: tuple[str, ...], projects: tuple[str, ...] = ()
 ) -> dict[str, dict[str, str]]:
-    """FLEET_OVERRIDES as {cluster path: {setting: raw value}}; an error names the cluster and the key.
-    ``fleet``: the clusters that may be named (not the managed one, whose settings are the defaults);
-    ``projects``: FLEET_PROJECTS, any of whose clusters may be named (it joins once labelled)."""
+    """FLEET_OVERRIDES as {cluster path or ``projects/P``: {setting: raw value}}; an error names the
+    cluster (or project) and the key. ``fleet``: the clusters that may be named (not the managed one,
+    whose settings are the defaults); ``projects``: FLEET_PROJECTS, any of whose clusters may be named
+    (it joins once labelled). ``projects/P`` sets what every fleet cluster of P takes unless its own
+    entry says otherwise (one node service account per project, say, for clusters labelled in later);
+    P is a FLEET_PROJECTS project or one a FLEET_CLUSTERS cluster is in."""
     if not text.strip():
         return {}
     try:
@@ -247,14 +251,17 @@ def parse_fleet_overrides(
     if not isinstance(document, dict):
         raise InvalidInputError("setting FLEET_OVERRIDES must be an object {cluster path: {SETTING: value}}")
     parsed: dict[str, dict[str, str]] = {}
+    fleet_projects = {*projects, *(path.split("/")[1] for path in fleet if _CLUSTER_PATH.match(path))}
     for cluster, values in document.items():
         discoverable = bool(_CLUSTER_PATH.match(cluster)) and cluster.split("/")[1] in projects
-        if cluster not in fleet and not discoverable:
+        project_wide = bool(_PROJECT_KEY.match(cluster)) and cluster.split("/")[1] in fleet_projects
+        if cluster not in fleet and not discoverable and not project_wide:
             also = f" nor a cluster of FLEET_PROJECTS ({', '.join(projects)})" if projects else ""
             raise InvalidInputError(
                 f"setting FLEET_OVERRIDES names cluster {_quote(cluster)}, not one of FLEET_CLUSTERS "
                 f"({', '.join(fleet) or 'none'}; the managed cluster's settings are the defaults "
-                f"themselves){also}"
+                f"themselves){also}, nor projects/P of a fleet project "
+                f"({', '.join(sorted(fleet_projects)) or 'none'})"
             )
         if not isinstance(values, dict):
             raise InvalidInputError(
@@ -552,7 +559,10 @@ class Settings:
         if self.fleet_overrides:
             for path in parse_fleet_overrides(self.fleet_overrides, self._overridable, self.fleet_projects):
                 try:
-                    self.for_cluster(path)  # each cluster's settings validated as a whole
+                    if _PROJECT_KEY.match(path):  # a project's own values, on the defaults
+                        dataclasses.replace(self, fleet_overrides="", **self._fields_of(path))
+                    else:
+                        self.for_cluster(path)  # each cluster's settings validated as a whole
                 except InvalidInputError as exc:
                     raise InvalidInputError(f"FLEET_OVERRIDES[{_quote(path)}]: {exc.why}") from None
         for name in (
@@ -652,13 +662,17 @@ class Settings:
         )
 
     def _overrides_of(self, path: str) -> dict[str, Any]:
-        """FLEET_OVERRIDES of ``path`` as field values (a bad one raises, naming the key; startup
-        validation adds the cluster)."""
+        """FLEET_OVERRIDES of cluster ``path`` as field values: its project's (``projects/P``), then
+        its own on top (a bad one raises, naming the key; startup validation adds the cluster)."""
+        return {**self._fields_of("/".join(path.split("/")[:2])), **self._fields_of(path)}
+
+    def _fields_of(self, key: str) -> dict[str, Any]:
+        """One FLEET_OVERRIDES entry (a cluster path or ``projects/P``) as field values."""
         fields = {f.name.upper(): f for f in dataclasses.fields(Settings)}
         values = parse_fleet_overrides(self.fleet_overrides, self._overridable, self.fleet_projects).get(
-            path, {}
+            key, {}
         )
-        return {fields[key].name: _parse(fields[key], raw) for key, raw in values.items()}
+        return {fields[name].name: _parse(fields[name], raw) for name, raw in values.items()}
 
     @property
     def setup_cluster_paths(self) -> tuple[str, ...]:

@@ -216,8 +216,13 @@ def test_the_sinks_name_the_fleet_as_the_sandbox_does(tmp_path: Path) -> None:
 
 def test_each_other_fleet_project_gets_every_sink_and_every_role() -> None:
     root = module()
+    # Every other fleet project, unless one aggregated sink per file replaces the copies
+    # (fleet_sink_parent; tests/infra/test_fleet.py).
     assert root.locals["fleet_sinks"].startswith(
-        "${{for pair in setproduct(sort(local.other_fleet_projects), sort(keys(local.sinks)))"
+        "${{for pair in setproduct(sort(local.fleet_sink_projects), sort(keys(local.sinks)))"
+    )
+    assert root.locals["fleet_sink_projects"] == (
+        '${var.fleet_sink_parent == "" ? local.other_fleet_projects : toset([])}'
     )
     sink = root.modules["fleet_sink"]
     assert sink["for_each"] == "${local.fleet_sinks}" and sink["project_id"] == "${each.value.project}"
@@ -259,14 +264,17 @@ def test_each_topic_names_its_publishers_and_the_project_names_none() -> None:
     )
     assert root.variables["operators"]["default"] == []
     # No publish right anywhere on the project, in any module.
-    for directory in ("", "modules/pubsub", "modules/sink", "modules/function", "modules/cluster_condition"):
+    directories = ("", "modules/pubsub", "modules/sink", "modules/aggregated_sink", "modules/function")
+    for directory in (*directories, "modules/cluster_condition"):
         for type_, name in module(directory).resources:
             body = module(directory).resources[(type_, name)]
             if type_ == "google_project_iam_member":
                 assert "pubsub" not in str(body.get("role", "")), (directory, name)
-    # A sink's writer identity may publish to its own topic only (modules/sink).
-    sink_grant = module("modules/sink").resource("google_pubsub_topic_iam_member", "writer")
-    assert sink_grant["topic"] == "${var.topic_id}"
+    # A sink's writer identity may publish to its own topic only (modules/sink, and
+    # modules/aggregated_sink for fleet_sink_parent).
+    for directory in ("modules/sink", "modules/aggregated_sink"):
+        sink_grant = module(directory).resource("google_pubsub_topic_iam_member", "writer")
+        assert sink_grant["topic"] == "${var.topic_id}", directory
 
 
 @needs_terraform

@@ -49,7 +49,7 @@ REQUIRED_ENV = {
     "KUEUE_VERSION",
 }
 
-MODULE_DIRS = ["", "modules/pubsub", "modules/sink", "modules/function"]
+MODULE_DIRS = ["", "modules/pubsub", "modules/sink", "modules/aggregated_sink", "modules/function"]
 
 
 # --- formatting and static analysis ------------------------------------------------------------
@@ -336,6 +336,12 @@ def test_broad_roles_only_on_the_setup_function() -> None:
     # The dedicated node service account's least-privilege roles (tests/infra/test_iam_scope.py).
     node_roles = grants.pop("node_roles")
     assert node_roles["member"] == "serviceAccount:${google_service_account.nodes[0].email}"
+    # The same roles for each other fleet project's node account (tests/infra/test_fleet.py).
+    fleet_node_roles = grants.pop("fleet_node_roles")
+    assert fleet_node_roles["member"] == (
+        "serviceAccount:${google_service_account.fleet_nodes[each.value.project].email}"
+    )
+    assert "var.node_service_account_roles" in module().locals["fleet_node_roles"]
     # The other fleet projects' copies (tests/infra/test_iam_scope.py): the same roles, bound to the
     # same accounts; Kubernetes Engine Admin there to the setup function only.
     fleet_admin = grants.pop("fleet_setup_cluster_admin")

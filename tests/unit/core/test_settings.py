@@ -234,6 +234,53 @@ def test_a_fleet_cluster_takes_its_overrides_and_the_defaults_for_the_rest() -> 
     assert (settings.node_locations, settings.chip_budget, settings.drain) == (("us-central2-b",), 64, False)
 
 
+def test_a_project_entry_sets_every_fleet_cluster_of_the_project_and_a_clusters_own_wins() -> None:
+    labelled = "projects/team-b-proj/locations/us-east5/clusters/train"
+    settings = Settings.from_env(
+        {
+            **fleet_env(
+                {
+                    "projects/q": {
+                        "NODE_SERVICE_ACCOUNT": "nodes@q.iam.gserviceaccount.com",
+                        "CHIP_BUDGET": 8,
+                    },
+                    SECOND: {"CHIP_BUDGET": 256},
+                    "projects/team-b-proj": {
+                        "NODE_SERVICE_ACCOUNT": "nodes@team-b-proj.iam.gserviceaccount.com"
+                    },
+                }
+            ),
+            "FLEET_PROJECTS": "team-b-proj",
+        }
+    )
+    second = settings.for_cluster(SECOND)
+    assert (second.node_service_account, second.chip_budget) == ("nodes@q.iam.gserviceaccount.com", 256)
+    # A cluster of a FLEET_PROJECTS project labelled in later takes its project's account.
+    assert settings.for_cluster(labelled).node_service_account == "nodes@team-b-proj.iam.gserviceaccount.com"
+    assert settings.for_cluster(labelled).chip_budget == 64  # the default: no entry of its own sets it
+    # The managed cluster's settings are the defaults themselves.
+    assert settings.node_service_account == ""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            {"projects/elsewhere": {"DRAIN": True}},
+            r'names cluster "projects/elsewhere", .*nor projects/P of a fleet project \(q\)',
+        ),
+        ({"projects/q": {"CHIP_BUDGET": "many"}}, r'FLEET_OVERRIDES\["projects/q"\]: .*CHIP_BUDGET'),
+        ({"projects/q": {"KUBE_CONTEXT": "x"}}, r'FLEET_OVERRIDES\["projects/q"\] key "KUBE_CONTEXT" is not'),
+    ],
+    ids=["not-a-fleet-project", "bad-value", "not-overridable"],
+)
+def test_a_bad_project_entry_stops_the_service_at_startup_naming_the_project(
+    overrides: object, says: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=says):
+        Settings.from_env(fleet_env(overrides))
+
+
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
