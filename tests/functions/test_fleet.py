@@ -10,6 +10,7 @@ is outside the fleet.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sandbox.kube.api import ApiError
 from sandbox.polling import eventually
 from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.fnclient import LoggedFunction, served_function
+from sandbox.testing.gke import rest_client
 from shared.core import labels
 from shared.core.settings import Settings, fleet_context
 from shared.events.envelope import ClusterId
@@ -36,12 +38,17 @@ HOME = ClusterId(PROJECT, LOCATION, "home")
 SECOND = ClusterId(PROJECT, LOCATION, "second")
 DOWN = ClusterId(PROJECT, LOCATION, "down")
 OUTSIDER = ClusterId("someone-else", LOCATION, "theirs")
+# A cluster of a FLEET_PROJECTS project, in the fleet only while it carries the fleet label.
+LABELLED = ClusterId("team-b-proj", "us-east5-a", "train")
 MANAGED = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
 
 @pytest.fixture
 def gke() -> Iterator[GkeEmulator]:
-    seeds = [ClusterSeed(c.project, c.location, c.name, locations=(LOCATION,)) for c in (HOME, SECOND, DOWN)]
+    seeds = [
+        ClusterSeed(c.project, c.location, c.name, locations=(c.location,))
+        for c in (HOME, SECOND, DOWN, LABELLED)
+    ]
     emulator = GkeEmulator(seeds, op_delay=0)
     emulator.start()
     try:
@@ -65,6 +72,10 @@ def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
     config["contexts"] += [
         {"name": fleet_context(SECOND.project, SECOND.location, SECOND.name), "context": current["context"]},
         {
+            "name": fleet_context(LABELLED.project, LABELLED.location, LABELLED.name),
+            "context": current["context"],
+        },
+        {
             "name": fleet_context(DOWN.project, DOWN.location, DOWN.name),
             "context": {**current["context"], "cluster": "down"},
         },
@@ -76,8 +87,9 @@ def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
 
 @pytest.fixture
 def serve(gke: GkeEmulator, kube_server: KubeHandle, tmp_path: Path) -> Any:
-    def start(function: str, overrides: str = "") -> Any:
+    def start(function: str, overrides: str = "", **more: Any) -> Any:
         settings = Settings(
+            **more,
             fleet_overrides=overrides,
             unlimited_spending=True,
             project_id=HOME.project,
@@ -161,6 +173,45 @@ def test_a_reconcile_tick_sweeps_every_fleet_cluster_and_a_failing_one_stops_non
     assert names(gke, HOME) == [] and names(gke, SECOND) == []
     assert [f["cluster"] for f in failed] == [DOWN.path]
     assert tick.status_code == 503  # redelivered for the cluster that failed
+
+
+DISCOVERY_SECONDS = 2  # FLEET_DISCOVERY_SECONDS for the test below (the deployed default is 300)
+
+
+def test_a_cluster_labelled_into_the_fleet_is_served_within_the_ttl_without_a_redeploy(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-f", "team-a", replicas=1))
+    client = rest_client(gke.url)
+    with serve(
+        "provision", fleet_projects=("team-b-proj",), fleet_discovery_seconds=DISCOVERY_SECONDS
+    ) as function:
+        # Not labelled: acknowledged, said, and no pool (one listing of the project answers).
+        assert function.function.post_entry(pending_event(pods[0], cluster=LABELLED)).status_code == 200
+        assert names(gke, LABELLED) == [] and function.events("provision.ignored")
+        # The platform team labels it, as `gcloud container clusters update --update-labels` does:
+        # setResourceLabels with the fingerprint of the labels it replaces.
+        cluster = client.get_cluster(name=LABELLED.path)
+        client.set_labels(
+            request={
+                "name": LABELLED.path,
+                "resource_labels": {**cluster.resource_labels, "tpuprov": "enabled"},
+                "label_fingerprint": cluster.label_fingerprint,
+            }
+        )
+        labelled_at = time.monotonic()
+
+        def served() -> bool:
+            response = function.function.post_entry(pending_event(pods[0], cluster=LABELLED))
+            assert response.status_code == 200
+            return bool(names(gke, LABELLED))
+
+        # The same deployment, no restart: served once the project's listing is older than the TTL.
+        eventually(served, 10 * DISCOVERY_SECONDS, "the labelled cluster to be served", interval=0.5)
+        joined = function.events("fleet.discovered")
+    assert time.monotonic() - labelled_at <= 10 * DISCOVERY_SECONDS
+    assert any(f"joined {LABELLED.path}" in line["message"] for line in joined)
+    assert names(gke, HOME) == [] and names(gke, SECOND) == []
 
 
 def test_a_fleet_clusters_own_settings_decide_its_deliveries(
