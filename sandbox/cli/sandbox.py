@@ -28,10 +28,11 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scenario",
-        choices=("basic", "kueue"),
+        choices=("basic", "kueue", "fleet"),
         default="kueue",
         help="kueue: the Kueue multislice tutorial (24 v5e chips of quota, JobSets of 3, 1 and 2 v5e 2x4 "
-        "slices; default); basic: a TPU and a CPU JobSet, no Kueue",
+        "slices; default); basic: a TPU and a CPU JobSet, no Kueue; fleet: the Kueue tutorial in two "
+        "clusters of two regions at once, served by one deployment",
     )
     parser.add_argument(
         "--verbose", action="store_true", help="also print routine lines (acks, no-op decisions)"

@@ -471,17 +471,20 @@ class RealStack:
         self.timeline.add("cron", "Cloud Scheduler tick -> reconcile topic")
         return str(self.publisher.publish(topic, data).result(timeout=30))
 
-    def summary(self) -> StackSummary:
-        """The run's closing numbers; pods killed counted from the real pods (``PodFates``)."""
-        assert self.pods is not None
-        deleted = list(self.home.deleted_pools)
+    def summary(self, cluster: str | None = None) -> StackSummary:
+        """The run's closing numbers for one cluster (the managed one unless ``cluster`` names
+        another); pods killed counted from the real pods (``PodFates``). Redeliveries count every
+        delivery: a message is the deployment's, whichever cluster it named."""
+        plane = self._on(cluster)
+        assert plane.pods is not None
+        calls = [c for c in self.gke.calls if f"{plane.path}/" in f"{c.path}/"]
         return summarize(
-            self.gke.calls,
-            self.pools(),
-            self.managed_pools(),
-            deleted,
+            calls,
+            self.pools(plane.path),
+            self.managed_pools(plane.path),
+            list(plane.deleted_pools),
             self.relay.deliveries,
             time.monotonic() - self._started_at,
-            adopted_events=len(self.events(ADOPTED_REASON)),
-            pods_killed=self.pods.killed(),
+            adopted_events=len(plane.events(ADOPTED_REASON)),
+            pods_killed=plane.pods.killed(),
         )

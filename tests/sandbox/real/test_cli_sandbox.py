@@ -33,11 +33,13 @@ import pytest
 from sandbox.emulators.sockets import alive
 from sandbox.jobsets import tpu_jobset
 from sandbox.realstack.core import RealStack
+from sandbox.realstack.demo import JOBSETS
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from shared.core import labels
 from tests.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+JOBSET_NAMES = [name for name, _ in JOBSETS]
 
 
 def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
@@ -107,6 +109,33 @@ def test_demo_runs_the_kueue_multislice_flow_by_default_and_cleans_up() -> None:
     created, adopted, deleted = map(int, counts.groups())
     assert created >= 3 and deleted == created and adopted >= 1, out
     assert "pods killed by a pool deletion: 0 (read from the real pods)" in out
+    assert "result:         OK" in out
+    assert _wait_gone(_pids(out)) == []
+
+
+def test_fleet_demo_runs_the_kueue_flow_in_two_clusters_at_once_and_says_what_it_took() -> None:
+    out = _run_demo("--scenario", "fleet")
+
+    for cluster in ("sandbox", "west"):
+        assert f"{cluster}'s API server https://" in out
+        # Each cluster's own real Kueue admits its Workloads (the timeline names the cluster).
+        assert f"{cluster}: Admitted Workload default/jobset-multislice-3-" in out
+        assert f"{cluster}: Admitted Workload default/jobset-multislice-2-" in out
+    states = ", ".join(f"{c}/{n} Completed" for c in ("sandbox", "west") for n in JOBSET_NAMES)
+    assert f"JobSets:        {states}" in out
+    counts = re.findall(
+        r"node pools:     (\w+): created (\d+), handed over (\d+), deleted (\d+), leaked (\d+)", out
+    )
+    assert [c[0] for c in counts] == ["sandbox", "west"], out
+    for _, created, _, deleted, leaked in counts:
+        assert int(created) >= 3 and deleted == created and leaked == "0", out
+    assert "pods killed by a pool deletion: 0 (read from the real pods)" in out
+    machine = re.search(
+        r"machine:        peak memory (\d+) MiB over (\d+) processes, CPU (\d+)s in (\d+)s", out
+    )
+    assert machine, out
+    # Two control planes with their controllers, the functions and the emulators: all counted.
+    assert int(machine.group(2)) >= 2 * 7 and int(machine.group(1)) > 0, out
     assert "result:         OK" in out
     assert _wait_gone(_pids(out)) == []
 
