@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.kube import rbac
 from sandbox.kube.cluster import RealCluster
 from sandbox.testing.fixtures.kube import KubeHandle, crds, install_crds
 from shared.core import labels
-from shared.core.settings import Settings
+from shared.core.settings import Settings, fleet_context
 from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
 
@@ -74,6 +76,8 @@ class BenchEnv:
     gke: GkeEmulator
     kube: KubeHandle
     settings: Settings  # in-process parts run as the provision function (its kubeconfig)
+    # Every cluster the settings serve: the managed one, then FLEET_CLUSTERS (``started(fleet=N)``).
+    clusters: tuple[ClusterId, ...] = (CLUSTER_ID,)
 
     def function_env(self, function: str) -> dict[str, str]:
         """Environment variables that configure ``function``'s process like ``settings``, with the
@@ -139,11 +143,12 @@ class BenchEnv:
         ]
 
 
-def pending_entry(pod: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler's FailedScheduling LogEntry for a pod, as GKE's exporter writes it."""
+def pending_entry(pod: dict[str, Any], cluster: ClusterId = CLUSTER_ID) -> dict[str, Any]:
+    """The scheduler's FailedScheduling LogEntry for a pod, as GKE's exporter writes it from
+    ``cluster``."""
     meta = pod["metadata"]
     return logentries.pod_event_entry(
-        CLUSTER_ID,
+        cluster,
         meta["namespace"],
         meta["name"],
         meta.get("uid", ""),
@@ -180,11 +185,32 @@ def load(
         return list(pool.map(kube.put, objects))
 
 
+def fleet_clusters(count: int) -> tuple[ClusterId, ...]:
+    """The managed cluster and ``count - 1`` more of the same project and zone."""
+    return (CLUSTER_ID, *(ClusterId(PROJECT, LOCATION, f"{CLUSTER}-{i}") for i in range(2, count + 1)))
+
+
+def fleet_kubeconfig(base: Path, clusters: Sequence[ClusterId], out: Path) -> Path:
+    """``base`` (one function's kubeconfig) with a context per cluster under the name ``gcloud
+    container clusters get-credentials`` gives it, each on ``base``'s current cluster and user: one
+    API server plays every cluster's, so what differs between them is only what the product keeps
+    per cluster."""
+    config: dict[str, Any] = yaml.safe_load(base.read_text())
+    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    config["contexts"] += [
+        {"name": fleet_context(c.project, c.location, c.name), "context": current["context"]}
+        for c in clusters
+    ]
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
 @contextmanager
-def started(op_delay: float = 0.0, manifest: Path = JOBSET_MANIFEST) -> Iterator[BenchEnv]:
+def started(op_delay: float = 0.0, manifest: Path = JOBSET_MANIFEST, fleet: int = 1) -> Iterator[BenchEnv]:
     """Start a real API server and the GKE emulator (stopped on exit) with the JobSet CRD and the
     bench namespaces. The cluster starts first: it moves this process into a loopback-only network
-    namespace, where the GKE emulator must then listen."""
+    namespace, where the GKE emulator must then listen. ``fleet``: how many clusters the settings
+    serve (GKE knows each; one API server answers for all)."""
     if not manifest.is_file():
         raise FileNotFoundError(f"JobSet release manifest {manifest} is missing (the CRD is served from it)")
     users = [rbac.user_name(f) for f in rbac.FUNCTIONS]
@@ -193,19 +219,29 @@ def started(op_delay: float = 0.0, manifest: Path = JOBSET_MANIFEST) -> Iterator
         kube = KubeHandle(cluster)
         for ns in NAMESPACES:
             kube.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        seed = ClusterSeed(PROJECT, LOCATION, CLUSTER, endpoint="127.0.0.1", locations=(LOCATION,))
-        gke = GkeEmulator([seed], op_delay=op_delay).start()
+        clusters = fleet_clusters(fleet)
+        seeds = [
+            ClusterSeed(c.project, c.location, c.name, endpoint="127.0.0.1", locations=(LOCATION,))
+            for c in clusters
+        ]
+        gke = GkeEmulator(seeds, op_delay=op_delay).start()
         try:
+            kubeconfig = kube.kubeconfig_for("provision")
+            if fleet > 1:
+                kubeconfig = fleet_kubeconfig(
+                    kubeconfig, clusters[1:], cluster.dir / "kubeconfig-bench-fleet"
+                )
             settings = Settings(
                 unlimited_spending=True,
                 project_id=PROJECT,
                 location=LOCATION,
                 cluster_name=CLUSTER,
                 gke_api_endpoint=gke.url,
-                kubeconfig=str(kube.kubeconfig_for("provision")),
+                kubeconfig=str(kubeconfig),
+                fleet_clusters=tuple(c.path for c in clusters[1:]),
             )
             kube.clear_requests()
-            yield BenchEnv(gke, kube, settings)
+            yield BenchEnv(gke, kube, settings, clusters)
         finally:
             gke.stop()
 

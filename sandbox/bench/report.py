@@ -464,6 +464,29 @@ def markdown(report: dict[str, Any]) -> str:
         ),
         "",
     ]
+    fleet = report.get("fleet_overhead")
+    if fleet:
+        one, many = fleet["one_cluster"], fleet["fleet"]
+        lines += [
+            f"**A fleet at once**: the same storm from each of {many['clusters']} clusters, mixed, to one "
+            f"instance ({many['events']} events, {many['creates']} creates), against one cluster's "
+            f"({one['events']} events); both coalesce over {fleet['coalesce_seconds']} s, the whole replay.",
+            "",
+            *_table(
+                ["", "one cluster", f"{many['clusters']} clusters"],
+                [
+                    ["overhead p50", f"{one['overhead_p50_ms']:.2f} ms", f"{many['overhead_p50_ms']:.2f} ms"],
+                    ["overhead p99", f"{one['overhead_p99_ms']:.2f} ms", f"{many['overhead_p99_ms']:.2f} ms"],
+                    [
+                        "API reads per event",
+                        f"{one['reads_per_event']:.3f}",
+                        f"{many['reads_per_event']:.3f}",
+                    ],
+                    ["redeliveries", str(one["redeliveries"]), str(many["redeliveries"])],
+                ],
+            ),
+            "",
+        ]
     s = report["storm"]
     shape = s["shape"]
     lines += [

@@ -40,6 +40,15 @@ SECONDS_TO_ALL_CREATES_MAX = 10.0
 FANOUT_SECONDS_MAX = 6.0
 RECONCILE_SECONDS_MAX = 30.0
 RECONCILE_RSS_MAX_MIB = 256.0
+# The fleet issue's bar: one instance serving storms from 10 clusters at once costs per event what
+# one cluster's storm costs, within 10% (the clusters share nothing but the instance).
+FLEET_CLUSTERS = 10
+FLEET_RATIO_MAX = 1.10
+# Both runs of that comparison coalesce over the whole replay. The window is wall time: replayed
+# as fast as one instance answers, ten clusters' storms take ten times one cluster's, so at the
+# deployed 5 s each cluster's repeats would outlive the window that its own storm, arriving at the
+# scheduler's pace beside the others, would not (measured: 2.4x the reads at 5 s, 1.0x at 300 s).
+FLEET_COALESCE_SECONDS = 300
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ class BenchConfig:
     declared: bench_declared.DeclaredShape | None = field(default_factory=bench_declared.DeclaredShape)
     # Forged and missing pods' entries mixed with a real JobSet's, to one provision (None: skipped).
     forged: bench_forged.ForgedShape | None = field(default_factory=bench_forged.ForgedShape)
+    # The warm overhead again with the storm from this many clusters at once (0 or 1: skipped).
+    fleet_clusters: int = FLEET_CLUSTERS
     log_dir: Path | None = None  # function process logs; a temporary directory when None
 
 
@@ -91,6 +102,35 @@ def _cold_targets(cold: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             )
     return targets
+
+
+def _fleet_targets(
+    one: bench_overhead.OverheadResult, fleet: bench_overhead.OverheadResult
+) -> list[dict[str, Any]]:
+    """The fleet's per-event overhead (p50: p99 of in-process milliseconds is the machine's noise)
+    and reads per event, each as a ratio to one cluster's; and every cluster got each slice once."""
+    p50 = bench_env.percentile
+    ratio = p50(fleet.overhead, 50) / p50(one.overhead, 50) if p50(one.overhead, 50) else math.inf
+    reads = fleet.reads_per_event / one.reads_per_event if one.reads_per_event else math.inf
+    per_cluster = fleet.creates / fleet.clusters
+    return [
+        _target(
+            f"fleet overhead p50 vs one cluster ({fleet.clusters} clusters)", ratio, FLEET_RATIO_MAX, "ratio"
+        ),
+        _target(
+            f"fleet reads per event vs one cluster ({fleet.clusters} clusters)",
+            reads,
+            FLEET_RATIO_MAX,
+            "ratio",
+        ),
+        _target(
+            "fleet creates per cluster = one cluster's",
+            per_cluster,
+            one.creates,
+            "creates",
+            ok=fleet.creates == one.creates * fleet.clusters,
+        ),
+    ]
 
 
 def _storm_targets(storm: bench_storm.StormResult) -> list[dict[str, Any]]:
@@ -371,6 +411,30 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
         targets.append(
             _target("warm overhead p99", report["overhead"]["overhead_p99_ms"], OVERHEAD_P99_MAX_MS, "ms")
         )
+        if config.fleet_clusters > 1:
+            say(f"fleet overhead: one cluster's storm, then the same from {config.fleet_clusters} at once")
+            runs = {}
+            for clusters in (1, config.fleet_clusters):
+                with bench_env.started(fleet=clusters) as env:
+                    runs[clusters] = bench_overhead.measure(
+                        env, config.events, coalesce_seconds=FLEET_COALESCE_SECONDS
+                    )
+            one, fleet = runs[1], runs[config.fleet_clusters]
+            report["fleet_overhead"] = {
+                "coalesce_seconds": FLEET_COALESCE_SECONDS,
+                **{
+                    key: {
+                        "clusters": run.clusters,
+                        "events": run.events,
+                        "creates": run.creates,
+                        "redeliveries": run.redeliveries,
+                        "max_reads_per_event": run.max_reads_per_event,
+                        **run.summary(),
+                    }
+                    for key, run in (("one_cluster", one), ("fleet", fleet))
+                },
+            }
+            targets += _fleet_targets(one, fleet)
         with bench_env.started() as env:
             storm = bench_storm.run(env, config.storm, log_dir, progress=say)
         report["storm"] = storm_dict(storm)

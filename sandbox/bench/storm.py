@@ -21,6 +21,7 @@ from sandbox.bench import env as bench_env
 from sandbox.bench.env import BenchEnv
 from sandbox.bench.procs import DeliveryError, PeakRss, first_2xx, launched, peak_rss, post
 from sandbox.jobsets import tpu_jobset
+from shared.events.envelope import ClusterId
 from shared.tpu.pods import Pod
 
 Delivery = tuple[dict[str, str], bytes]
@@ -84,11 +85,19 @@ class StormResult:
 
 
 def storm_deliveries(
-    pods: Sequence[dict[str, Any]], repeats: int, duplicate_fraction: float, rng: random.Random
+    pods: Sequence[dict[str, Any]],
+    repeats: int,
+    duplicate_fraction: float,
+    rng: random.Random,
+    clusters: Sequence[ClusterId] = (bench_env.CLUSTER_ID,),
 ) -> tuple[list[Delivery], int]:
-    """``repeats`` distinct FailedScheduling messages per pod, some delivered twice, shuffled."""
+    """``repeats`` distinct FailedScheduling messages per pod, some delivered twice, shuffled; with
+    several ``clusters``, that storm from each of them, all mixed (every cluster's storm at once)."""
     messages = [
-        bench_env.binary_delivery(bench_env.pending_entry(pod)) for pod in pods for _ in range(repeats)
+        bench_env.binary_delivery(bench_env.pending_entry(pod, cluster))
+        for cluster in clusters
+        for pod in pods
+        for _ in range(repeats)
     ]
     duplicates = rng.sample(messages, round(len(messages) * duplicate_fraction))
     deliveries = messages + duplicates

@@ -55,6 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--handover-jobsets", type=int, default=8, help="handover: same-shape JobSets queued (e.g. 20)"
     )
+    parser.add_argument(
+        "--fleet-clusters",
+        type=int,
+        default=10,
+        help="fleet overhead: clusters whose storms one instance serves at once (1: skip; default 10)",
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the function processes' logs here")
     parser.set_defaults(func=run)
 
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         simulation=not args.skip_simulation,
         handover=not args.skip_handover,
         handover_shape=HandoverShape(jobsets=args.handover_jobsets),
+        fleet_clusters=args.fleet_clusters,
         declared=None
         if args.skip_declared
         else DeclaredShape(jobsets=args.declared_jobsets, declared_pods=args.declared_pods),

@@ -153,6 +153,12 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
     assert report["declared_pods"]["declared"]["declared_pods"] == 2 * 50 * 64
     assert report["forged_storm"]["creates_real"] == 4
     assert "**Declared pods**" in markdown and "**Forged-event storm**" in markdown
+    # Ten clusters' storms to one instance: each cluster's slices created once, in its own cluster.
+    fleet = report["fleet_overhead"]
+    assert (
+        fleet["fleet"]["clusters"] == 10 and fleet["fleet"]["creates"] == 10 * fleet["one_cluster"]["creates"]
+    )
+    assert "**A fleet at once**" in markdown
 
 
 @pytest.mark.slow
