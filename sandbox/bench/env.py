@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
-from sandbox.kube import rbac
+from sandbox.kube import kubeconfig, rbac
 from sandbox.kube.cluster import RealCluster
 from sandbox.testing.fixtures.kube import KubeHandle, crds, install_crds
 from shared.core import labels
@@ -191,18 +189,13 @@ def fleet_clusters(count: int) -> tuple[ClusterId, ...]:
 
 
 def fleet_kubeconfig(base: Path, clusters: Sequence[ClusterId], out: Path) -> Path:
-    """``base`` (one function's kubeconfig) with a context per cluster under the name ``gcloud
-    container clusters get-credentials`` gives it, each on ``base``'s current cluster and user: one
-    API server plays every cluster's, so what differs between them is only what the product keeps
-    per cluster."""
-    config: dict[str, Any] = yaml.safe_load(base.read_text())
-    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
-    config["contexts"] += [
-        {"name": fleet_context(c.project, c.location, c.name), "context": current["context"]}
-        for c in clusters
-    ]
-    out.write_text(yaml.safe_dump(config))
-    return out
+    """``base`` (one function's kubeconfig) with a context per cluster, each on ``base``'s API
+    server and user: one API server plays every cluster's, so what differs between them is only
+    what the product keeps per cluster."""
+    same = kubeconfig.load(base)
+    return kubeconfig.with_contexts(
+        base, {fleet_context(c.project, c.location, c.name): same for c in clusters}, out
+    )
 
 
 @contextmanager

@@ -31,15 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.eventarc import EventarcRelay
 from sandbox.emulators.gcloud_pubsub import PubsubEmulator
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.logging.router import LogRouter
-from sandbox.kube import netns
+from sandbox.kube import kubeconfig, netns
 from sandbox.kube.cluster import RealCluster
 from sandbox.polling import eventually
 from sandbox.realstack.kubestate import RealKubeState, collection
@@ -267,17 +265,13 @@ class RealStack:
         path = self.home.kube_cluster.kubeconfig_for(function)
         if not self.fleet:
             return path
-        config: dict[str, Any] = yaml.safe_load(path.read_text())
-        for plane in self.fleet:
-            other: dict[str, Any] = yaml.safe_load(plane.kube_cluster.kubeconfig_for(function).read_text())
-            context = fleet_context(*dataclasses.astuple(plane.cluster_id))
-            config["clusters"].append({**other["clusters"][0], "name": context})
-            config["users"].append({**other["users"][0], "name": context})
-            config["contexts"].append({"name": context, "context": {"cluster": context, "user": context}})
-        merged = self.workdir / f"kubeconfig-fleet-{function}"
-        merged.write_text(yaml.safe_dump(config, sort_keys=False))
-        merged.chmod(0o600)
-        return merged
+        others = {
+            fleet_context(*dataclasses.astuple(plane.cluster_id)): kubeconfig.load(
+                plane.kube_cluster.kubeconfig_for(function)
+            )
+            for plane in self.fleet
+        }
+        return kubeconfig.with_contexts(path, others, self.workdir / f"kubeconfig-fleet-{function}")
 
     # The managed cluster's parts, as a single-cluster stack has always named them.
     @property

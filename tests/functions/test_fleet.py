@@ -9,6 +9,7 @@ is outside the fleet.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterator
@@ -16,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
 from sandbox.emulators.sockets import free_port
 from sandbox.jobsets import tpu_jobset
+from sandbox.kube import kubeconfig
 from sandbox.kube.api import ApiError
 from sandbox.polling import eventually
 from sandbox.testing.fixtures.kube import KubeHandle
@@ -59,30 +60,16 @@ def gke() -> Iterator[GkeEmulator]:
 
 def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
     """The function's kubeconfig with a context per fleet cluster: home is the current context,
-    second the same API server under its gcloud name, down a port nothing listens on."""
-    config: dict[str, Any] = yaml.safe_load(kube.kubeconfig_for(function).read_text())
-    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
-    server = next(c for c in config["clusters"] if c["name"] == current["context"]["cluster"])
-    dead = {
-        **server,
-        "name": "down",
-        "cluster": {**server["cluster"], "server": f"https://127.0.0.1:{free_port()}"},
-    }
-    config["clusters"].append(dead)
-    config["contexts"] += [
-        {"name": fleet_context(SECOND.project, SECOND.location, SECOND.name), "context": current["context"]},
-        {
-            "name": fleet_context(LABELLED.project, LABELLED.location, LABELLED.name),
-            "context": current["context"],
-        },
-        {
-            "name": fleet_context(DOWN.project, DOWN.location, DOWN.name),
-            "context": {**current["context"], "cluster": "down"},
-        },
-    ]
-    path = folder / f"kubeconfig-fleet-{function}"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    second and labelled the same API server under their gcloud names, down a port nothing
+    listens on."""
+    base = kube.kubeconfig_for(function)
+    same = kubeconfig.load(base)
+    dead = copy.deepcopy(same)
+    for cluster in dead["clusters"]:
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    contexts = {fleet_context(c.project, c.location, c.name): same for c in (SECOND, LABELLED)}
+    contexts[fleet_context(DOWN.project, DOWN.location, DOWN.name)] = dead
+    return kubeconfig.with_contexts(base, contexts, folder / f"kubeconfig-fleet-{function}")
 
 
 @pytest.fixture

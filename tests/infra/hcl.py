@@ -7,7 +7,9 @@ Shared by the infra tests, the doctor's parity test (tests/cli) and the sandbox 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,29 @@ def conditioned_on(grant: dict[str, Any]) -> str:
     prefix, suffix = "${local.discovers_here ? [] : [", "]}"
     assert dynamic["for_each"].startswith(prefix) and dynamic["for_each"].endswith(suffix)
     return str(dynamic["for_each"]).removeprefix(prefix).removesuffix(suffix)
+
+
+# --- running terraform offline (provider-free configurations: variables, locals, outputs) -------
+
+
+def terraform(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``terraform ARGS`` in ``directory``, initialised first (no backend) when it is not yet."""
+    if not (directory / ".terraform").exists() and args[0] != "init":
+        init = terraform(directory, "init", "-input=false", "-backend=false", "-no-color")
+        assert init.returncode == 0, init.stdout + init.stderr
+    return subprocess.run(
+        ["terraform", *args], cwd=directory, env=TF_ENV, capture_output=True, text=True, timeout=120
+    )
+
+
+def terraform_apply(directory: Path, variables: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``terraform apply`` of a provider-free configuration (outputs only) with ``variables``."""
+    (directory / "terraform.tfvars.json").write_text(json.dumps(variables))
+    return terraform(directory, "apply", "-auto-approve", "-input=false", "-no-color", "-lock=false")
+
+
+def terraform_outputs(directory: Path) -> dict[str, Any]:
+    """The applied configuration's outputs, by name."""
+    result = terraform(directory, "output", "-json", "-no-color")
+    assert result.returncode == 0, result.stderr
+    return {name: value["value"] for name, value in json.loads(result.stdout).items()}

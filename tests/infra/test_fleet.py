@@ -16,10 +16,8 @@ provider is needed: they are pure).
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,14 @@ from shared.app.deployment import ANY_CLUSTER
 from shared.core.settings import Settings
 from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
-from tests.infra.hcl import INFRA, TF_ENV, first, hcl_block, module
+from tests.infra.hcl import (
+    INFRA,
+    first,
+    hcl_block,
+    module,
+    terraform_apply,
+    terraform_outputs,
+)
 from tests.infra.test_sinks import create_cluster_entry
 from tests.paths import REPO
 
@@ -43,29 +48,6 @@ HOME = "home-project"  # project_id
 FLEET = ["fleet-alpha", "fleet-beta"]  # the other fleet projects
 OUTSIDER = "outside-project"  # beneath the same folder, not in the fleet
 UID = "6f1c3c52-8b4e-4a57-9d1a-0c8f3b1e2d44"
-
-
-# --- running terraform offline ------------------------------------------------------------------
-
-
-def _terraform(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    if not (directory / ".terraform").exists() and args[0] != "init":
-        init = _terraform(directory, "init", "-input=false", "-backend=false", "-no-color")
-        assert init.returncode == 0, init.stdout + init.stderr
-    return subprocess.run(
-        ["terraform", *args], cwd=directory, env=TF_ENV, capture_output=True, text=True, timeout=120
-    )
-
-
-def _apply(directory: Path, variables: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    (directory / "terraform.tfvars.json").write_text(json.dumps(variables))
-    return _terraform(directory, "apply", "-auto-approve", "-input=false", "-no-color", "-lock=false")
-
-
-def _outputs(directory: Path) -> dict[str, Any]:
-    result = _terraform(directory, "output", "-json", "-no-color")
-    assert result.returncode == 0, result.stderr
-    return {name: value["value"] for name, value in json.loads(result.stdout).items()}
 
 
 def _local(path: Path, name: str) -> str:
@@ -196,9 +178,11 @@ def sink_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _fleet_sinks(root: Path, fleet_projects: list[str], parent: str) -> dict[str, Any]:
-    result = _apply(root, {"project_id": HOME, "fleet_projects": fleet_projects, "fleet_sink_parent": parent})
+    result = terraform_apply(
+        root, {"project_id": HOME, "fleet_projects": fleet_projects, "fleet_sink_parent": parent}
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    return _outputs(root)
+    return terraform_outputs(root)
 
 
 @needs_terraform
@@ -284,8 +268,8 @@ def test_the_aggregated_filter_stays_within_cloud_loggings_limit_for_a_large_fle
 @needs_terraform
 def test_the_aggregated_sink_refuses_a_filter_cloud_logging_would(tmp_path: Path) -> None:
     (tmp_path / "main.tf").write_text(hcl_block(INFRA / AGGREGATED / "main.tf", 'variable "filter"'))
-    assert _apply(tmp_path, {"filter": "x" * 20000}).returncode == 0
-    refused = _apply(tmp_path, {"filter": "x" * 20001})
+    assert terraform_apply(tmp_path, {"filter": "x" * 20000}).returncode == 0
+    refused = terraform_apply(tmp_path, {"filter": "x" * 20001})
     assert refused.returncode != 0 and "20,000 characters" in refused.stderr, refused.stderr
 
 
@@ -310,7 +294,7 @@ def test_the_parent_is_a_folder_or_organization_with_projects_to_export(
 ) -> None:
     (tmp_path / "main.tf").write_text(_variables("project_id", "fleet_projects", "fleet_sink_parent"))
     variables = {"project_id": HOME, "fleet_projects": fleet_projects, "fleet_sink_parent": parent}
-    result = _apply(tmp_path, variables)
+    result = terraform_apply(tmp_path, variables)
     assert (result.returncode == 0) is accepted, result.stdout + result.stderr
     if not accepted:
         assert "Invalid value for variable" in result.stderr
@@ -436,9 +420,9 @@ def test_node_accounts_are_made_where_none_is_named_and_granted_to_the_pool_crea
         ],
         "fleet_node_service_accounts": {FLEET[1]: shared},
     }
-    result = _apply(node_root, variables)
+    result = terraform_apply(node_root, variables)
     assert result.returncode == 0, result.stdout + result.stderr
-    outputs = _outputs(node_root)
+    outputs = terraform_outputs(node_root)
     alpha = f"tpuprov-nodes@{FLEET[0]}.iam.gserviceaccount.com"
     # project_id keeps node_service_account; the named project keeps its account, the other gets one.
     assert outputs["created"] == [FLEET[0]]
@@ -461,7 +445,7 @@ def test_node_accounts_are_made_where_none_is_named_and_granted_to_the_pool_crea
 
 @needs_terraform
 def test_without_other_fleet_projects_no_node_account_is_made(node_root: Path) -> None:
-    result = _apply(
+    result = terraform_apply(
         node_root,
         {
             "project_id": HOME,
@@ -471,7 +455,7 @@ def test_without_other_fleet_projects_no_node_account_is_made(node_root: Path) -
         },
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    outputs = _outputs(node_root)
+    outputs = terraform_outputs(node_root)
     assert (outputs["created"], outputs["accounts"], outputs["roles"], outputs["users"]) == ([], {}, {}, {})
 
 
@@ -508,7 +492,7 @@ def test_named_node_accounts_are_user_managed_accounts_of_other_fleet_projects(
         "fleet_projects": [HOME, *FLEET],
         "fleet_node_service_accounts": accounts,
     }
-    result = _apply(tmp_path, variables)
+    result = terraform_apply(tmp_path, variables)
     assert (result.returncode == 0) is accepted, result.stdout + result.stderr
     if not accepted:
         assert "Invalid value for variable" in result.stderr
@@ -530,9 +514,9 @@ def test_each_fleet_projects_node_account_reaches_the_services_under_the_users_o
             beta_cluster: {"NODE_SERVICE_ACCOUNT": mine},
         },
     }
-    result = _apply(node_root, variables)
+    result = terraform_apply(node_root, variables)
     assert result.returncode == 0, result.stdout + result.stderr
-    env = _outputs(node_root)["fleet_overrides_env"]
+    env = terraform_outputs(node_root)["fleet_overrides_env"]
     # What the services make of it (shared.core.settings, validated at startup as on Cloud Run).
     settings = Settings.from_env(
         {

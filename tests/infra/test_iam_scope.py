@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +23,20 @@ import pytest
 
 from shared.app.deployment import ANY_CLUSTER, sink_clusters
 from shared.core.settings import Settings
-from tests.infra.hcl import INFRA, TF_ENV, conditioned_on, hcl_block, module, terraform_json
+from tests.infra.hcl import (
+    INFRA,
+    conditioned_on,
+    hcl_block,
+    module,
+    terraform_apply,
+    terraform_json,
+    terraform_outputs,
+)
 
 TERRAFORM = shutil.which("terraform")
 needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not installed")
 CLUSTER_TYPE = "container.googleapis.com/Cluster"
 MANAGED = "projects/p1/locations/us-central2-b/clusters/tpu"
-
-
-# --- running terraform offline ------------------------------------------------------------------
-
-
-def _terraform(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    if not (directory / ".terraform").exists() and args[0] != "init":
-        init = _terraform(directory, "init", "-input=false", "-backend=false", "-no-color")
-        assert init.returncode == 0, init.stdout + init.stderr
-    return subprocess.run(
-        ["terraform", *args], cwd=directory, env=TF_ENV, capture_output=True, text=True, timeout=120
-    )
-
-
-def _apply(directory: Path, variables: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """``terraform apply`` of a provider-free configuration (outputs only) with ``variables``."""
-    (directory / "terraform.tfvars.json").write_text(json.dumps(variables))
-    return _terraform(directory, "apply", "-auto-approve", "-input=false", "-no-color", "-lock=false")
-
-
-def _outputs(directory: Path) -> dict[str, Any]:
-    result = _terraform(directory, "output", "-json", "-no-color")
-    assert result.returncode == 0, result.stderr
-    return {name: value["value"] for name, value in json.loads(result.stdout).items()}
 
 
 # --- the cluster conditions ---------------------------------------------------------------------
@@ -98,9 +81,9 @@ def condition(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @needs_terraform
 def test_the_condition_limits_cluster_permissions_to_the_clusters(condition: Path) -> None:
     extra = "projects/p1/locations/europe-west4/clusters/bootstrap"
-    result = _apply(condition, {"clusters": [MANAGED, extra]})
+    result = terraform_apply(condition, {"clusters": [MANAGED, extra]})
     assert result.returncode == 0, result.stdout + result.stderr
-    expression = _outputs(condition)["expression"]
+    expression = terraform_outputs(condition)["expression"]
     allowed = [
         (CLUSTER_TYPE, MANAGED),
         # IAM names a zonal cluster by zone (conditions-resource-attributes, "Resource name format").
@@ -128,7 +111,7 @@ def test_the_condition_limits_cluster_permissions_to_the_clusters(condition: Pat
 @needs_terraform
 def test_the_condition_needs_cluster_paths(condition: Path) -> None:
     for bad in ([], ["projects/p1/zones/us-central2-b/clusters/tpu"], ["tpu"]):
-        result = _apply(condition, {"clusters": bad})
+        result = terraform_apply(condition, {"clusters": bad})
         assert result.returncode != 0 and "Invalid value for variable" in result.stderr, bad
 
 
@@ -192,7 +175,7 @@ def test_setup_and_fleet_clusters_are_clusters_of_the_deployments_project(
         + hcl_block(variables, f'variable "{variable}"')
         + "\n"
     )
-    result = _apply(tmp_path, {"project_id": "my-project", variable: clusters})
+    result = terraform_apply(tmp_path, {"project_id": "my-project", variable: clusters})
     assert (result.returncode == 0) is accepted, result.stdout + result.stderr
 
 
@@ -291,9 +274,9 @@ def test_topic_publishers_render_per_topic(tmp_path: Path) -> None:
         + 'output "publishers" {\n  value = local.topic_publishers\n}\n'
     )
     ops = ["group:tpu-ops@example.com", "user:oncall@example.com", "group:tpu-ops@example.com"]
-    result = _apply(tmp_path, {"operators": ops})
+    result = terraform_apply(tmp_path, {"operators": ops})
     assert result.returncode == 0, result.stdout + result.stderr
-    rendered = _outputs(tmp_path)["publishers"]
+    rendered = terraform_outputs(tmp_path)["publishers"]
     humans = {
         "group:tpu-ops@example.com": "group:tpu-ops@example.com",
         "user:oncall@example.com": "user:oncall@example.com",
@@ -305,7 +288,7 @@ def test_topic_publishers_render_per_topic(tmp_path: Path) -> None:
         "apply_kueue": humans,
         "reconcile": {**humans, "cloud-scheduler": "serviceAccount:scheduler"},
     }
-    refused = _apply(tmp_path, {"operators": ["ops@example.com"]})
+    refused = terraform_apply(tmp_path, {"operators": ["ops@example.com"]})
     assert refused.returncode != 0 and "Invalid value for variable" in refused.stderr
 
 
@@ -393,22 +376,22 @@ TENANTS = {
 def test_terraform_refuses_a_deployment_that_states_no_spending(
     spending: Path, variables: dict[str, Any], refusal: str
 ) -> None:
-    result = _apply(spending, variables)
+    result = terraform_apply(spending, variables)
     if refusal:
         assert result.returncode != 0, result.stdout
         assert "Invalid value for variable" in result.stderr and refusal in result.stderr, result.stderr
     else:
         assert result.returncode == 0, result.stdout + result.stderr
         # What Terraform hands the functions is what the product reads (shared.core.settings).
-        env = {name: str(value) for name, value in _outputs(spending)["env"].items()}
+        env = {name: str(value) for name, value in terraform_outputs(spending)["env"].items()}
         assert Settings.from_env(env).spending_stated
 
 
 @needs_terraform
 def test_the_tenants_json_terraform_writes_is_the_products_tenants(spending: Path) -> None:
-    result = _apply(spending, {"tenants": TENANTS})
+    result = terraform_apply(spending, {"tenants": TENANTS})
     assert result.returncode == 0, result.stderr
-    settings = Settings.from_env(_outputs(spending)["env"])
+    settings = Settings.from_env(terraform_outputs(spending)["env"])
     assert [(t.key, t.chips, t.reservations) for t in settings.tenant_entries] == [
         ("*", 0, None),  # optional attributes left out come through as null: no limit stated
         ("label:cost-center=42", 16, None),
@@ -470,5 +453,5 @@ def test_the_node_account_gets_no_basic_role(tmp_path: Path, roles: list[str], a
     (tmp_path / "main.tf").write_text(
         hcl_block(INFRA / "variables.tf", 'variable "node_service_account_roles"')
     )
-    result = _apply(tmp_path, {"node_service_account_roles": roles})
+    result = terraform_apply(tmp_path, {"node_service_account_roles": roles})
     assert (result.returncode == 0) is accepted, result.stdout + result.stderr
