@@ -375,6 +375,8 @@ resource "google_monitoring_alert_policy" "orphaned_pools" {
         alignment_period     = "300s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
+        # One incident per fleet cluster: its metric label says which cluster leaked.
+        group_by_fields = ["metric.label.cluster"]
       }
     }
   }
@@ -416,7 +418,7 @@ resource "google_monitoring_alert_policy" "permission_denials" {
         alignment_period     = "60s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.role", "metric.label.permission"]
+        group_by_fields      = ["metric.label.role", "metric.label.permission", "metric.label.cluster"]
       }
     }
   }
@@ -457,7 +459,8 @@ resource "google_monitoring_alert_policy" "stockouts" {
         alignment_period     = "1800s"
         per_series_aligner   = "ALIGN_DELTA"
         cross_series_reducer = "REDUCE_SUM"
-        group_by_fields      = ["metric.label.jobset", "metric.label.zone"]
+        # A JobSet's namespace/name repeats across a fleet's clusters: the cluster tells them apart.
+        group_by_fields = ["metric.label.jobset", "metric.label.zone", "metric.label.cluster"]
       }
     }
   }

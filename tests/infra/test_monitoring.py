@@ -971,6 +971,21 @@ def test_dashboard_charts_defined_metrics_next_to_cloud_run_and_dead_letters() -
     assert any("${resource.labels.service_name}" in legend for legend in legends)
 
 
+def test_the_dashboard_narrows_to_one_fleet_cluster_and_each_alert_names_it() -> None:
+    """A fleet's charts and incidents say which cluster: the dashboard's pinned filter on the log
+    metrics' ``cluster`` label (Cloud Monitoring "Create and manage variables and pinned filters"),
+    and every alert on a log metric opens one incident per cluster."""
+    assert {"labelKey": "cluster", "filterType": "METRIC_LABEL"} in dashboard()["dashboardFilters"]
+    assert "cluster" in module().locals["cluster_label"]
+    policies = module().of_type("google_monitoring_alert_policy")
+    # reconcile_missing watches for sweeps that stop altogether, whichever cluster they were of.
+    for name in ALERTS - {"reconcile_missing"}:
+        for condition in _conditions(policies[name]):
+            if "logging.googleapis.com/user/" not in render(condition["filter"]):
+                continue
+            assert "metric.label.cluster" in first(condition["aggregations"])["group_by_fields"], name
+
+
 # --- alert policies ----------------------------------------------------------------------------
 
 ALERTS = {"dead_letters", "orphaned_pools", "stockouts", "errors", "reconcile_missing", "permission_denials"}
