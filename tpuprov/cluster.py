@@ -32,11 +32,33 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--project", help="GCP project (default: $PROJECT_ID)")
     parser.add_argument("--location", help="cluster location (default: $LOCATION)")
     parser.add_argument("--cluster", help="cluster name (default: $CLUSTER_NAME)")
+    parser.add_argument(
+        "--fleet-cluster",
+        default="",
+        help="another cluster of the deployment's fleet ($FLEET_CLUSTERS, or a cluster of $FLEET_PROJECTS): "
+        "its name or projects/P/locations/L/clusters/C; read through its own kubeconfig context",
+    )
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def fleet_member(settings: Settings, wanted: str) -> Settings:
+    """The settings one fleet cluster's services run with (``Settings.for_cluster``), the cluster
+    named by its name or path; InvalidInputError when it is not one of the fleet, or when the name
+    is ambiguous (the same name in two projects or locations: give the path)."""
+    matches = [p for p in settings.fleet_paths if wanted in (p, p.rsplit("/", 1)[-1])]
+    if not matches and settings.discoverable(wanted):
+        matches = [wanted]  # a FLEET_PROJECTS cluster: in the fleet while it carries the label
+    if len(matches) > 1:
+        raise InvalidInputError(f"--fleet-cluster {wanted} names {', '.join(matches)}: give the path")
+    if not matches:
+        fleet = ", ".join(settings.fleet_paths) or "none"
+        raise InvalidInputError(f"--fleet-cluster {wanted} is not a cluster of the fleet ({fleet})")
+    return settings.for_cluster(matches[0])
+
+
+def settings_from(args: argparse.Namespace, narrow: bool = True) -> Settings:
     """The functions' settings from the environment, with the command line's overrides; raises
-    InvalidInputError naming the flags still needed when the cluster is not fully named."""
+    InvalidInputError naming the flags still needed when the cluster is not fully named. With
+    ``--fleet-cluster`` (and ``narrow``), that fleet cluster's settings."""
     settings = Settings.from_env()
     overrides = {
         "project_id": getattr(args, "project", None),
@@ -45,7 +67,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     }
     settings = settings.with_overrides(**{k: v for k, v in overrides.items() if v})
     require_cluster(settings.project_id, settings.location, settings.cluster_name)
-    return settings
+    wanted = getattr(args, "fleet_cluster", "")
+    return fleet_member(settings, wanted) if wanted and narrow else settings
 
 
 def require_cluster(project: str, location: str, cluster: str) -> None:

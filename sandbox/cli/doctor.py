@@ -39,11 +39,30 @@ from tpuprov.doctor.views import (
 class StackDeployment(ClusterObjectReads):
     """``Deployment`` over a started sandbox stack."""
 
-    def __init__(self, stack: RealStack, expected: Expected, control_plane_endpoint: str = "auto") -> None:
+    def __init__(
+        self, stack: RealStack, expected: Expected, control_plane_endpoint: str = "auto", cluster: str = ""
+    ) -> None:
         self.stack = stack
         self.expected = expected
-        env = stack.env()
-        self.settings = Settings.from_env({**env, "CONTROL_PLANE_ENDPOINT": control_plane_endpoint})
+        self.plane = stack.plane(cluster) if cluster else stack.home
+        self.control_plane_endpoint = control_plane_endpoint
+        env = {**stack.env(), "CONTROL_PLANE_ENDPOINT": control_plane_endpoint}
+        if self.plane is not stack.home:
+            # The fleet cluster's reads as its own administrator would make them: its cluster named
+            # as the one to read, its API server's admin kubeconfig (not a deployment of its own).
+            target = self.plane.cluster_id
+            env.update(
+                PROJECT_ID=target.project,
+                LOCATION=target.location,
+                CLUSTER_NAME=target.name,
+                KUBECONFIG=str(self.plane.kube_cluster.kubeconfig),
+                FLEET_CLUSTERS="",
+                FLEET_OVERRIDES="",
+            )
+        self.settings = Settings.from_env(env)
+
+    def at(self, cluster: str) -> StackDeployment:
+        return StackDeployment(self.stack, self.expected, self.control_plane_endpoint, cluster)
 
     def function_env(self, function: str) -> dict[str, str]:
         del function  # every function of the sandbox runs with the stack's environment
@@ -93,13 +112,14 @@ class StackDeployment(ClusterObjectReads):
         return self.stack.relay.url if function in self.stack.function_urls else ""
 
     def sinks(self) -> list[SinkView]:
-        router = self.stack.router
+        # Each cluster of the sandbox's fleet has its own log router: its sinks and their grants.
+        router = self.plane.router
         if router is None:
             return []
         return [SinkView(self.expected.sink_name(s), topic, writer) for s, topic, writer in router.sinks()]
 
     def topic_publishers(self, topic: str) -> frozenset[str]:
-        router = self.stack.router
+        router = self.plane.router
         return router.publishers(topic) if router is not None else frozenset()
 
     def cluster(self) -> ClusterInfo:
@@ -116,7 +136,7 @@ class StackDeployment(ClusterObjectReads):
             endpoint = f"{chosen.kind} {chosen.host.removeprefix('https://')}"
             # The sandbox's one API server stands for whichever endpoint was chosen; the function
             # reaches it with its own kubeconfig, as the stack deploys it.
-            kubeconfig = str(self.stack.kube_cluster.kubeconfig_for(function))
+            kubeconfig = str(self.plane.kube_cluster.kubeconfig_for(function))
             as_function = self.settings.with_overrides(emulator_access_token=token, kubeconfig=kubeconfig)
             connect(as_function, lambda: gke).list_pods("default")
         except TpuProvError as exc:

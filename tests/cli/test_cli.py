@@ -232,3 +232,21 @@ def test_every_command_that_prints_a_result_takes_o_table_json_yaml():
         [action] = output
         spelled = (action.option_strings, action.choices)
         assert spelled == (["-o", "--output"], ("table", "json", "yaml")), words
+
+
+def test_a_fleet_cluster_is_named_by_name_or_path_and_an_ambiguous_name_is_refused() -> None:
+    from shared.core.errors import InvalidInputError
+    from shared.core.settings import Settings
+    from tpuprov.cluster import fleet_member
+
+    one, other = (
+        "projects/p/locations/us-east5-b/clusters/train",
+        "projects/q/locations/us-west4-a/clusters/train",
+    )
+    settings = Settings(project_id="p", location="us-east5-b", cluster_name="c", fleet_clusters=(one, other))
+    assert fleet_member(settings, one).cluster_path == one
+    assert fleet_member(settings, "c").cluster_path == settings.cluster_path
+    with pytest.raises(InvalidInputError, match=r"names .*train, .*train: give the path"):
+        fleet_member(settings, "train")
+    with pytest.raises(InvalidInputError, match="is not a cluster of the fleet"):
+        fleet_member(settings, "elsewhere")

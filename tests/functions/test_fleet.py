@@ -31,6 +31,7 @@ from shared.core import labels
 from shared.core.settings import Settings, fleet_context
 from shared.events.envelope import ClusterId
 from tests.functions.deliveries import pending_event
+from tpuprov.main import main
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,53 @@ def test_each_delivery_creates_the_pool_in_the_cluster_its_event_names(
     assert names(gke, HOME) == [] and names(gke, DOWN) == []
     assert pool["config"]["labels"][labels.MANAGED_BY] == labels.MANAGED_BY_VALUE
     assert created["cluster"] == SECOND.path  # every line of the delivery names its cluster
+
+
+def test_status_and_why_read_the_fleet_cluster_they_are_pointed_at(
+    gke: GkeEmulator,
+    kube_server: KubeHandle,
+    serve: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-s", "team-a", replicas=1))
+    with serve("provision") as function:
+        assert function.function.post_entry(pending_event(pods[0], cluster=SECOND)).status_code == 200
+    [pool] = names(gke, SECOND)
+    # The operator's shell: the managed cluster, the fleet, and a kubeconfig holding each cluster's
+    # context as `gcloud container clusters get-credentials` names it.
+    admin = kube_server.kubeconfig
+    contexts = {fleet_context(SECOND.project, SECOND.location, SECOND.name): kubeconfig.load(admin)}
+    merged = kubeconfig.with_contexts(admin, contexts, tmp_path / "operator-kubeconfig")
+    env = {
+        "PROJECT_ID": HOME.project,
+        "LOCATION": HOME.location,
+        "CLUSTER_NAME": HOME.name,
+        "FLEET_CLUSTERS": f"{SECOND.path},{DOWN.path}",
+        "GKE_API_ENDPOINT": gke.url,
+        "KUBECONFIG": str(merged),
+        "UNLIMITED_SPENDING": "true",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def status(*more: str) -> tuple[int, dict[str, Any]]:
+        capsys.readouterr()
+        code = main(["status", "-o", "json", *more])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, managed = status()
+    assert code == 0 and managed["pools"] == []  # the managed cluster has none
+    code, second = status("--fleet-cluster", SECOND.name)
+    assert code == 0 and [row["name"] for row in second["pools"]] == [pool]
+    code, by_path = status("--fleet-cluster", SECOND.path)
+    assert [row["name"] for row in by_path["pools"]] == [pool]
+    assert main(["status", "--fleet-cluster", "theirs"]) == 2
+    assert "is not a cluster of the fleet" in capsys.readouterr().err
+    # why reads the JobSet in the cluster it is pointed at and names the pool it got there.
+    assert main(["why", "team-a/fleet-s", "--jobset", "--fleet-cluster", SECOND.name]) in (0, 1)
+    assert pool in capsys.readouterr().out
 
 
 def test_an_unreachable_cluster_is_redelivered_and_delays_no_other(

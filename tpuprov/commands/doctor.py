@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from tpuprov.doctor.views import Expected
 
     try:
-        settings = settings_from(args)
+        settings = settings_from(args, narrow=False)  # --fleet-cluster narrows the checks
         region = args.region or os.environ.get("REGION", "")
         if not region:
             raise TpuProvError("which region do the functions run in? give --region (or $REGION)")
@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             args.topic_prefix or os.environ.get("TOPIC_PREFIX") or "tpuprov",
             args.delivery or os.environ.get("DELIVERY") or "push",
         )
-        checks = diagnose(GoogleDeployment(settings, expected, region), expected, settings)
+        deployment = GoogleDeployment(settings, expected, region)
+        checks = diagnose(deployment, expected, settings, only=args.fleet_cluster)
     except TpuProvError as exc:
         print(f"tpuprov doctor: {exc.why}", file=sys.stderr)
         return 2

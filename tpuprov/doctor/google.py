@@ -102,7 +102,16 @@ class GoogleDeployment(ClusterObjectReads):
         self.expected = expected
         self.region = region
         self.roots = roots
-        self.project = settings.project_id
+        self.project = settings.project_id  # the deployment's: topics, functions, roles
+        self.sink_project = settings.project_id  # whose sinks export the cluster's entries
+
+    def at(self, cluster: str) -> GoogleDeployment:
+        """This deployment's view of fleet cluster ``cluster``: that cluster read through GKE, its
+        project's sinks; the rest stays the deployment's project."""
+        other = GoogleDeployment(self.settings.for_cluster(cluster), self.expected, self.region, self.roots)
+        other.project = self.project
+        other.sink_project = cluster.split("/")[1]
+        return other
 
     @functools.cached_property
     def _credentials(self) -> Any:
@@ -198,7 +207,7 @@ class GoogleDeployment(ClusterObjectReads):
         try:
             listed = list(
                 ConfigServiceV2Client(credentials=self._credentials).list_sinks(
-                    parent=f"projects/{self.project}"
+                    parent=f"projects/{self.sink_project}"
                 )
             )
         except Exception as exc:

@@ -6,6 +6,7 @@ section and the reason; the other sections still run, so one report shows everyt
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -42,8 +43,33 @@ def _role(deployment: Deployment, expected: Expected, function: str) -> list[Che
     return [check_role(expected, deployment.role(function))]
 
 
-def diagnose(deployment: Deployment, expected: Expected, settings: Settings) -> list[Check]:
-    """Every check of the deployment, in report order."""
+def fleet_of(deployment: Deployment, settings: Settings) -> tuple[str, ...]:
+    """The clusters the deployment serves, as its provision function reads them (the managed
+    cluster, then FLEET_CLUSTERS); just ``settings``' cluster when the deployed settings cannot be
+    read (the spending section says why)."""
+    try:
+        deployed = Settings.from_env(deployment.function_env("provision"))
+    except TpuProvError:
+        return (settings.cluster_path,)
+    if deployed.cluster_path != settings.cluster_path:
+        return (settings.cluster_path,)  # another deployment's view: check what was asked for
+    return deployed.fleet_paths
+
+
+def _named(checks: list[Check], cluster: str) -> list[Check]:
+    """``checks`` with the fleet cluster's name after each check's."""
+    name = cluster.rsplit("/", 1)[-1]
+    return [dataclasses.replace(c, name=f"{c.name} ({name})") for c in checks]
+
+
+def diagnose(deployment: Deployment, expected: Expected, settings: Settings, only: str = "") -> list[Check]:
+    """Every check of the deployment, in report order. For a fleet, the cluster checks (its sinks,
+    reachability, add-ons, admission check, release channel) run for each fleet cluster, each
+    line naming the cluster; ``only`` (a fleet cluster's name or path) keeps one."""
+    fleet = fleet_of(deployment, settings)
+    chosen = [p for p in fleet if not only or only in (p, p.rsplit("/", 1)[-1])]
+    if not chosen:
+        raise TpuProvError(f"{only} is not a cluster of this deployment's fleet ({', '.join(fleet)})")
     checks = _section("apis", lambda: check_apis(expected, deployment.enabled_services()))
     functions = [
         *expected.roles,
@@ -56,13 +82,29 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings) -> 
         urls = {w.function: deployment.function_url(w.function) for w in expected.functions}
         return check_wiring(expected, deployment.topics(), deployment.subscriptions(), urls)
 
+    checks += _section("pubsub", wiring)
+    for path in chosen:
+        if len(fleet) == 1:
+            checks += _cluster_checks(deployment, expected, settings)
+        else:
+            target = deployment if path == settings.cluster_path else deployment.at(path)
+            checks += _named(_cluster_checks(target, expected, settings), path)
+    checks += _section(
+        "spending", lambda: [check_spending(Settings.from_env(deployment.function_env("provision")))]
+    )
+    return checks
+
+
+def _cluster_checks(deployment: Deployment, expected: Expected, settings: Settings) -> list[Check]:
+    """What holds for one cluster: the sinks exporting its entries, reaching it as a function,
+    its JobSet and Kueue, the admission check and its release channel."""
+
     def sinks() -> list[Check]:
         found = deployment.sinks()
         topics = {sink.topic for sink in found if sink.topic}
         return check_sinks(expected, found, {t: deployment.topic_publishers(t) for t in topics})
 
-    checks += _section("pubsub", wiring)
-    checks += _section("sinks", sinks)
+    checks = _section("sinks", sinks)
     checks += _section("cluster reachable", lambda: [check_reach(deployment.reach(REACH_AS))])
     upgrade = settings.addon_upgrade
     checks += _section(
@@ -76,9 +118,6 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings) -> 
         lambda: [check_admission_check(deployment.admission_check(settings.admission_check_name))],
     )
     checks += _section("release channel", lambda: [check_release_channel(deployment.cluster())])
-    checks += _section(
-        "spending", lambda: [check_spending(Settings.from_env(deployment.function_env("provision")))]
-    )
     return checks
 
 

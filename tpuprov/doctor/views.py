@@ -188,3 +188,9 @@ class Deployment(Protocol):
     def function_env(self, function: str) -> dict[str, str]:
         """The environment ``function`` runs with (its settings as deployed)."""
         ...
+
+    def at(self, cluster: str) -> Deployment:
+        """This deployment with its cluster reads (``cluster``, ``reach``, ``addon``,
+        ``admission_check``) and its sinks on the fleet cluster ``cluster`` (a cluster path): the
+        sinks that export that cluster's entries (its project's) and their grants."""
+        ...

@@ -19,9 +19,7 @@ in test_realstack.py.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -46,6 +44,7 @@ from shared.cloud.kube import connect
 from shared.core.errors import PermissionDeniedError, RejectedError
 from shared.core.settings import Settings
 from shared.setup.manifests import JOBSET, KUEUE
+from tests.cli.goldens import assert_golden
 from tpuprov.commands import why
 from tpuprov.doctor.run import diagnose, document, exit_code, render_table
 from tpuprov.doctor.views import Expected
@@ -54,15 +53,7 @@ from tpuprov.output import dumps
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-GOLDEN = Path(__file__).parents[2] / "cli" / "golden"
 CLUSTER = "projects/p/locations/us-east5-b/clusters/c"
-
-
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +77,7 @@ def _apply_role(stack: RealStack, function: str, without: str = "") -> None:
 
 def test_a_healthy_deployment_passes_every_check(stack: RealStack) -> None:
     text, code, doc = _doctor(stack)
-    _golden("doctor-healthy.txt", text)
+    assert_golden("doctor-healthy.txt", text)
     assert code == 0 and doc["ok"] is True
 
 
@@ -129,8 +120,8 @@ def test_a_role_missing_a_permission_is_named_with_the_fix(stack: RealStack) -> 
         text, code, doc = _doctor(stack)
     finally:
         stack.iam.grant(stack.iam.principal_of("release"), ["container.nodes.update"])
-    _golden("doctor-missing-permission.txt", text)
-    _golden("doctor-missing-permission.json", dumps(doc, "json"))
+    assert_golden("doctor-missing-permission.txt", text)
+    assert_golden("doctor-missing-permission.json", dumps(doc, "json"))
     assert code == 1
 
 
@@ -190,7 +181,7 @@ def test_a_sink_that_cannot_publish_is_named_and_exports_nothing(stack: RealStac
         stack.wait_for(lambda: ("jobset-lifecycle", topic) in router.export_failures, 30, "the failed export")
     finally:
         router.grant_publisher(topic, writer)
-    _golden("doctor-missing-sink-grant.txt", text)
+    assert_golden("doctor-missing-sink-grant.txt", text)
     assert code == 1
 
 
@@ -225,6 +216,6 @@ def test_an_uninstalled_kueue_is_named_with_the_fix(stack: RealStack) -> None:
     api = stack.kube_cluster.client()
     assert api.delete(f"/apis/apps/v1/namespaces/{KUEUE.namespace}/deployments/{KUEUE.deployment}")
     text, code, _ = _doctor(stack)
-    _golden("doctor-kueue-uninstalled.txt", text)
+    assert_golden("doctor-kueue-uninstalled.txt", text)
     assert code == 1
     assert api.get(f"/apis/apps/v1/namespaces/{JOBSET.namespace}/deployments/{JOBSET.deployment}") is not None
