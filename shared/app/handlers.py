@@ -153,6 +153,11 @@ def _provision(
                 # slices still to request) now, not at the next reconcile sweep.
                 results = admission_checker(runtime).sweep(f"{event.method} of {event.pool} finished")
                 requested.extend(name for result in results for name in result.created)
+                if event.method == "CreateNodePool" and not event.failed:
+                    # A pool that came up after its JobSet ended goes now, not at reconcile.
+                    releaser(runtime).release_if_owner_over(
+                        event.pool, f"CreateNodePool of {event.pool} finished after its JobSet ended"
+                    )
                 if any(result.waiting_for_nodes for result in results):
                     # GKE's operation ends as the VMs register; their Nodes turn Ready seconds later.
                     # Redelivery looks again then, instead of leaving the Workload to the next sweep.

@@ -293,6 +293,29 @@ class Releaser:
             raise TransientError("; ".join(outcome.retry))
         return [p.name for p in outcome.deleted]
 
+    def release_if_owner_over(self, pool_name: str, trigger: str) -> list[str]:
+        """Release the JobSet of a pool whose create just finished, when that JobSet is over
+        (finished, deleted, or recreated under its name): a create sent while its pods were pending
+        can land after the JobSet's own release listed its pools (GKE creates take minutes; the
+        sandbox's slow-operations scenario showed the race), and nothing else would release it
+        before the reconcile sweep. One pool listing (provision's role lists pools; it has no
+        ``container.nodePools.get``, infra/roles.json) and one JobSet read; the pools deleted."""
+        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        pool = next((p for p in listing if p.name == pool_name), None)
+        if pool is None:
+            return []
+        owner = pool.owner
+        if not is_managed(pool) or not owner.name or pool.status == STATUS_STOPPING:
+            return []
+        try:
+            jobset: JobSet | None = self.kube.get_jobset(owner.namespace, owner.name)
+        except NotFoundError:
+            jobset = None
+        recreated = jobset is not None and bool(owner.uid) and jobset.meta.uid != owner.uid
+        if occupancy.is_live(jobset) and not recreated:
+            return []
+        return self.release(owner.namespace, owner.name, owner.uid, trigger)
+
     def _read_owners(self, listing: list[NodePoolInfo], jobsets: JobSets) -> list[JobSet] | None:
         """The owners of the running managed pools not stamped idle, into ``jobsets``: one GET each
         (later, as needed) for a few; for more, one list, returned so that the handover-demand

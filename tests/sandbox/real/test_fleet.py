@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.cli.doctor import StackDeployment
 from sandbox.realstack.core import RealStack
 from sandbox.realstack.demo import (
     DEFAULT_DISK_GB,
@@ -32,7 +33,10 @@ from sandbox.realstack.demo import (
 from shared.app.deployment import TOPIC_PREFIX, RetryPolicy, wiring
 from shared.events import entries as logentries
 from shared.events.fields import ClusterId
+from tests.cli.goldens import assert_golden
 from tests.paths import REPO
+from tpuprov.doctor.run import diagnose, exit_code, render_table
+from tpuprov.doctor.views import Expected
 
 pytestmark = [
     pytest.mark.integration,
@@ -151,6 +155,35 @@ def test_an_event_of_a_cluster_outside_the_fleet_is_dropped_without_a_gke_call(s
     [said] = stack.decisions("provision.ignored", "provision")[ignored:]
     assert outsider.path in said["message"]
     assert [c for c in stack.gke.calls[before:] if outsider.project in c.path] == []
+
+
+def _doctor(stack: RealStack, only: str = "") -> tuple[str, int]:
+    deployment = StackDeployment(stack, Expected(stack.config.project, TOPIC_PREFIX))
+    checks = diagnose(deployment, deployment.expected, deployment.settings, only=only)
+    return render_table(checks), exit_code(checks)
+
+
+def test_doctor_checks_every_fleet_cluster_and_names_the_one_whose_sink_cannot_publish(
+    stack: RealStack,
+) -> None:
+    west = stack.plane(WEST.path)
+    assert west.router is not None
+    topic, writer = wiring("release").topic(TOPIC_PREFIX), west.router.writer_identity
+    west.router.revoke_publisher(topic, writer)
+    try:
+        text, code = _doctor(stack)
+        narrowed, _ = _doctor(stack, only=WEST.name)
+    finally:
+        west.router.grant_publisher(topic, writer)
+    assert_golden("doctor-fleet-missing-sink-grant.txt", text)
+    assert code == 1
+    failed = [line for line in text.splitlines() if " FAIL " in line]
+    assert len(failed) == 1 and failed[0].startswith("sink tpuprov-jobset-lifecycle (west)"), text
+    # Each cluster's own checks, both clusters' lines; narrowed, the managed cluster's are left out.
+    assert "cluster reachable (sandbox)" in text and "cluster reachable (west)" in text
+    assert "(sandbox)" not in narrowed and "kueue (west)" in narrowed
+    healthy, code = _doctor(stack)
+    assert code == 0, healthy
 
 
 OUTAGE = "outage"

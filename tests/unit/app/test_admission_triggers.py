@@ -44,6 +44,15 @@ class Provisioner:
         return []
 
 
+class Releaser:
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def release_if_owner_over(self, pool: str, trigger: str) -> list[str]:
+        self.asked.append(pool)
+        return []
+
+
 @pytest.mark.parametrize(
     ("method", "sweeps"),
     [
@@ -59,6 +68,7 @@ def test_a_finished_create_or_handover_relabel_sweeps_the_admission_checks(
     checker = Checker()
     monkeypatch.setattr(handlers, "admission_checker", lambda runtime: checker)
     monkeypatch.setattr(handlers, "provisioner", lambda runtime: Provisioner())
+    monkeypatch.setattr(handlers, "releaser", lambda runtime: Releaser())
     event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, False, datetime.datetime.now(datetime.UTC))
     handlers._provision(Member(), event)  # type: ignore[arg-type]
     assert checker.sweeps == ([f"{method} of tpu-pool-a finished"] if sweeps else [])
@@ -73,6 +83,7 @@ def test_each_operation_of_a_pool_sweeps_once_and_a_redelivered_one_does_not_swe
     checker = Checker()
     monkeypatch.setattr(handlers, "admission_checker", lambda runtime: checker)
     monkeypatch.setattr(handlers, "provisioner", lambda runtime: Provisioner())
+    monkeypatch.setattr(handlers, "releaser", lambda runtime: Releaser())
     member = Member()
     member.settings.event_coalesce_seconds = 30  # type: ignore[attr-defined]
     now = datetime.datetime.now(datetime.UTC)
@@ -81,3 +92,19 @@ def test_each_operation_of_a_pool_sweeps_once_and_a_redelivered_one_does_not_swe
     for event in (kept_idle, kept_idle, handed_over, handed_over):
         handlers._provision(member, event)  # type: ignore[arg-type]
     assert checker.sweeps == ["UpdateNodePool of tpu-pool-a finished"] * 2
+
+
+@pytest.mark.parametrize(
+    ("method", "failed", "asked"),
+    [("CreateNodePool", False, True), ("CreateNodePool", True, False), ("UpdateNodePool", False, False)],
+)
+def test_a_finished_create_asks_whether_its_jobset_is_still_there(
+    monkeypatch: pytest.MonkeyPatch, method: str, failed: bool, asked: bool
+) -> None:
+    releaser = Releaser()
+    monkeypatch.setattr(handlers, "admission_checker", lambda runtime: Checker())
+    monkeypatch.setattr(handlers, "provisioner", lambda runtime: Provisioner())
+    monkeypatch.setattr(handlers, "releaser", lambda runtime: releaser)
+    event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, failed, datetime.datetime.now(datetime.UTC))
+    handlers._provision(Member(), event)  # type: ignore[arg-type]
+    assert releaser.asked == (["tpu-pool-a"] if asked else [])

@@ -561,3 +561,18 @@ def test_a_delete_refused_for_a_busy_cluster_keeps_the_cordon_for_the_retry(
         Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed")
     assert not schedulable(kube, pool)
     assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "redelivery") == [pool.name]
+
+
+def test_a_pool_whose_create_ends_after_its_jobset_ended_is_released_then(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    """The JobSet's own release listed its pools before this create landed (the real-stack slow
+    operations scenario): the create's end is the next moment anything looks at the pool."""
+    done = tpu_jobset("done", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, done)
+    releaser = Releaser(SETTINGS, gke, kube)
+    assert releaser.release_if_owner_over(pool.name, "CreateNodePool finished") == []  # still running
+    assert gke.count("delete") == 0
+    finish(kube, "done")
+    assert releaser.release_if_owner_over(pool.name, "CreateNodePool finished") == [pool.name]
+    assert releaser.release_if_owner_over("no-such-pool", "CreateNodePool finished") == []
