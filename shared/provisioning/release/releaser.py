@@ -307,10 +307,7 @@ class Releaser:
         owner = pool.owner
         if not is_managed(pool) or not owner.name or pool.status == STATUS_STOPPING:
             return []
-        try:
-            jobset: JobSet | None = self.kube.get_jobset(owner.namespace, owner.name)
-        except NotFoundError:
-            jobset = None
+        jobset = self._jobset({}, owner.namespace, owner.name)
         recreated = jobset is not None and bool(owner.uid) and jobset.meta.uid != owner.uid
         if occupancy.is_live(jobset) and not recreated:
             return []
