@@ -97,6 +97,17 @@ class Provisioner:
             pod = self.kube.get_pod(namespace, pod_name)
         except NotFoundError:
             return logged(Outcome(SKIPPED, f"pod {namespace}/{pod_name} no longer exists"))
+        if pod.verdict_pending:
+            # kube-scheduler records FailedScheduling before it patches the pod's PodScheduled
+            # condition (handleSchedulingFailure, pkg/scheduler/schedule_one.go, v1.36), and the
+            # Event reaches the sink on its own path: the event can be read before its condition.
+            # Acknowledging would leave the pod to the next reconcile sweep (the scheduler's own
+            # retries of a still-unschedulable pod repeat the Event as a series, which the sink may
+            # not export again), so the delivery comes back; max_event_age_seconds bounds it.
+            raise TransientError(
+                f"pod {namespace}/{pod_name}: FailedScheduling read before the scheduler's "
+                "PodScheduled condition; looking again"
+            )
         return self.provision_pod(pod)
 
     def provision_pod(self, pod: Pod, pools: list[NodePoolInfo] | None = None) -> Outcome:

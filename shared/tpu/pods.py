@@ -59,6 +59,9 @@ class Pod:
     phase: str = "Pending"
     node_name: str = ""
     unschedulable: bool = False  # PodScheduled=False with reason Unschedulable (the scheduler gave up)
+    # Pending, unbound, ungated and without any PodScheduled condition: the scheduler has not
+    # written its verdict on this pod yet.
+    verdict_pending: bool = False
     gated: bool = False  # scheduling gates still held
     tpu_chips: int = 0  # google.com/tpu over its containers
     tpu_problem: str = ""  # why the TPU request cannot be read ("" when it can)
@@ -90,6 +93,9 @@ class Pod:
             phase=str(status.get("phase", "Pending")),
             node_name=str(spec.get("nodeName") or ""),
             unschedulable=scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable",
+            verdict_pending=not scheduled
+            and str(status.get("phase", "Pending")) == "Pending"
+            and not (spec.get("nodeName") or meta.get("deletionTimestamp") or spec.get("schedulingGates")),
             gated=bool(spec.get("schedulingGates")),
             tpu_chips=chips,
             tpu_problem=problem,

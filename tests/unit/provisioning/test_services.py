@@ -206,6 +206,20 @@ def test_transient_gke_errors_raise_for_redelivery(gke, kube, kind):
     assert provision_all(gke, kube, pods[:1])[0].result == CREATED
 
 
+def test_failed_scheduling_read_before_its_condition_comes_back(gke, kube):
+    # kube-scheduler's Event can reach the sink before its PodScheduled patch reaches the pod.
+    (pod, *_) = submit(kube, tpu_jobset("train", "team-a", replicas=1, topology="2x2", chips_per_vm=4))
+    conditions = pod["status"].pop("conditions")
+    with pytest.raises(TransientError, match="before the scheduler's PodScheduled condition"):
+        provision_all(gke, kube, [pod])
+    assert gke.calls == []
+    pod["status"]["conditions"] = conditions  # the scheduler's patch lands; the redelivery creates
+    assert [o.result for o in provision_all(gke, kube, [pod])] == [CREATED]
+    pod["spec"]["nodeName"] = "n1"
+    del pod["status"]["conditions"]
+    assert provision_all(gke, kube, [pod])[0].result == SKIPPED  # bound meanwhile: nothing to wait for
+
+
 def test_kube_down_raises_transient(gke, kube):
     kube.down = True
     with pytest.raises(TransientError):
