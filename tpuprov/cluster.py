@@ -55,6 +55,20 @@ def fleet_member(settings: Settings, wanted: str) -> Settings:
     return settings.for_cluster(matches[0])
 
 
+def fleet_clusters(settings: Settings) -> list[Settings]:
+    """The settings of every cluster the deployment serves, as its functions decide it: the
+    managed cluster, FLEET_CLUSTERS, then the clusters of FLEET_PROJECTS that GKE lists with
+    FLEET_LABEL now (the product's own ``FleetDirectory``; a project GKE cannot list is left out,
+    and said)."""
+    from shared.app.discovery import FleetDirectory
+
+    paths = list(settings.fleet_paths)
+    if settings.fleet_projects:
+        gke = GkeNodePoolAPI(endpoint=settings.gke_api_endpoint, access_token=settings.emulator_access_token)
+        paths += [p for p in FleetDirectory(settings, lambda: gke).members() if p not in paths]
+    return [settings.for_cluster(path) for path in paths]
+
+
 def settings_from(args: argparse.Namespace, narrow: bool = True) -> Settings:
     """The functions' settings from the environment, with the command line's overrides; raises
     InvalidInputError naming the flags still needed when the cluster is not fully named. With

@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -31,6 +31,8 @@ from shared.core import labels
 from shared.core.settings import Settings, fleet_context
 from shared.events.envelope import ClusterId
 from tests.functions.deliveries import pending_event
+from tpuprov.cluster import fleet_clusters
+from tpuprov.doctor.run import fleet_of
 from tpuprov.main import main
 
 pytestmark = pytest.mark.integration
@@ -149,8 +151,18 @@ def test_status_and_why_read_the_fleet_cluster_they_are_pointed_at(
         code = main(["status", "-o", "json", *more])
         return code, json.loads(capsys.readouterr().out)
 
-    code, managed = status()
-    assert code == 0 and managed["pools"] == []  # the managed cluster has none
+    # Without a flag: every cluster of the fleet, one section each. "down" has no context in this
+    # kubeconfig (and nothing listens for it): said, the others shown, exit 2.
+    code, fleet = status()
+    by_cluster = {c["cluster"]: c for c in fleet["clusters"]}
+    assert code == 2 and list(by_cluster) == [HOME.path, SECOND.path, DOWN.path]
+    assert by_cluster[HOME.path]["pools"] == []  # the managed cluster has none
+    assert [row["name"] for row in by_cluster[SECOND.path]["pools"]] == [pool]
+    assert by_cluster[DOWN.path]["error"] and "pools" not in by_cluster[DOWN.path]
+    assert main(["status"]) == 2
+    table = capsys.readouterr()
+    assert f"== Cluster {SECOND.path}\n" in table.out and pool in table.out
+    assert f"tpuprov status: {DOWN.path}: " in table.err
     code, second = status("--fleet-cluster", SECOND.name)
     assert code == 0 and [row["name"] for row in second["pools"]] == [pool]
     code, by_path = status("--fleet-cluster", SECOND.path)
@@ -160,6 +172,15 @@ def test_status_and_why_read_the_fleet_cluster_they_are_pointed_at(
     # why reads the JobSet in the cluster it is pointed at and names the pool it got there.
     assert main(["why", "team-a/fleet-s", "--jobset", "--fleet-cluster", SECOND.name]) in (0, 1)
     assert pool in capsys.readouterr().out
+    # Without the flag why follows the JobSet over the fleet: home and second share one API
+    # server here, so both hold it; each paragraph names its cluster, and "down" is said on stderr.
+    assert main(["why", "team-a/fleet-s", "--jobset"]) == 0
+    said = capsys.readouterr()
+    [second_said] = [line for line in said.out.splitlines() if line.startswith("[second] ")]
+    assert pool in second_said and "[home] " in said.out
+    assert f"tpuprov why: {DOWN.path}: " in said.err
+    assert main(["why", "team-a/nowhere", "--jobset"]) == 2
+    assert "not found in any cluster of the fleet" in capsys.readouterr().err
 
 
 def test_an_unreachable_cluster_is_redelivered_and_delays_no_other(
@@ -247,6 +268,46 @@ def test_a_cluster_labelled_into_the_fleet_is_served_within_the_ttl_without_a_re
     assert time.monotonic() - labelled_at <= 10 * DISCOVERY_SECONDS
     assert any(f"joined {LABELLED.path}" in line["message"] for line in joined)
     assert names(gke, HOME) == [] and names(gke, SECOND) == []
+
+
+def test_doctor_and_status_cover_a_cluster_labelled_into_the_fleet(
+    gke: GkeEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The deployed provision function's environment, as doctor reads it from Cloud Run.
+    deployed = {
+        "PROJECT_ID": HOME.project,
+        "LOCATION": HOME.location,
+        "CLUSTER_NAME": HOME.name,
+        "FLEET_CLUSTERS": SECOND.path,
+        "FLEET_PROJECTS": LABELLED.project,
+        "UNLIMITED_SPENDING": "true",
+    }
+
+    class Deployed:
+        def function_env(self, function: str) -> dict[str, str]:
+            assert function == "provision"
+            return deployed
+
+    operator = Settings(
+        project_id=HOME.project, location=HOME.location, cluster_name=HOME.name, gke_api_endpoint=gke.url
+    )
+    assert fleet_of(cast(Any, Deployed()), operator) == (HOME.path, SECOND.path)
+    for key, value in {**deployed, "GKE_API_ENDPOINT": gke.url}.items():
+        monkeypatch.setenv(key, value)
+    assert [s.cluster_path for s in fleet_clusters(Settings.from_env())] == [HOME.path, SECOND.path]
+    client = rest_client(gke.url)
+    cluster = client.get_cluster(name=LABELLED.path)
+    client.set_labels(
+        request={
+            "name": LABELLED.path,
+            "resource_labels": {"tpuprov": "enabled"},
+            "label_fingerprint": cluster.label_fingerprint,
+        }
+    )
+    # Labelled: the next doctor and status runs check and show it, no redeploy.
+    assert fleet_of(cast(Any, Deployed()), operator) == (HOME.path, SECOND.path, LABELLED.path)
+    [labelled] = [s for s in fleet_clusters(Settings.from_env()) if s.cluster_path == LABELLED.path]
+    assert labelled.kube_api_endpoint == "" and labelled.project_id == LABELLED.project
 
 
 def test_a_fleet_clusters_own_settings_decide_its_deliveries(

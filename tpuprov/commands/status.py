@@ -33,12 +33,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input."""
-    from shared.cloud.ports import KubeAPI
+    """Print the table (or JSON); exit 1 when ``--leaks`` finds any, 2 on bad input or when a
+    cluster of the fleet could not be read (the others are still shown).
+
+    Without ``--fleet-cluster`` every cluster the deployment serves is shown, one section each; a
+    fleet of one prints exactly the single-cluster report."""
     from shared.core.errors import TpuProvError
-    from shared.provisioning.tenancy.spending import Spending
-    from tpuprov import admission, output, status
-    from tpuprov.cluster import ClusterView, settings_from
+    from tpuprov import output, status
+    from tpuprov.cluster import fleet_clusters, settings_from
 
     price_file = args.prices or (
         Path(os.environ["TPUPROV_PRICES"]) if os.environ.get("TPUPROV_PRICES") else None
@@ -49,33 +51,77 @@ def run(args: argparse.Namespace) -> int:
         print(f"tpuprov status: {exc}", file=sys.stderr)
         return 2
     try:
-        view = ClusterView(settings_from(args))
-        pools = view.pools()
-        # The product's own accounts: the ClusterView answers the two reads Spending makes.
-        spent = Spending(view.settings, cast(KubeAPI, view))
-        rows = status.pool_rows(
-            pools,
-            view.jobsets(),
-            view.pods(),
-            view.nodes(),
-            prices,
-            datetime.datetime.now(tz=datetime.UTC),
-            view.settings,
-            jobs=view.jobs(),
-            workloads=_workloads(view),
-            may_spend=spent.never_holds,
-        )
-        accounts = spent.accounts(pools)
+        settings = settings_from(args)
+        targets = [settings] if args.fleet_cluster else fleet_clusters(settings)
     except TpuProvError as exc:
         print(f"tpuprov status: {exc.why}", file=sys.stderr)
         return 2
-    if args.leaks:
-        rows = [r for r in rows if r.leak]
-        empty = "No leaked TPU node pools."
+    reports: list[tuple[str, dict[str, Any] | None, str, bool]] = []  # cluster, doc, text, leaks
+    for target in targets:
+        try:
+            reports.append((target.cluster_path, *_cluster_report(target, prices, args.leaks)))
+        except TpuProvError as exc:
+            # One cluster's outage or denial hides none of the others' pools.
+            prefix = f"{target.cluster_path}: " if len(targets) > 1 else ""
+            print(f"tpuprov status: {prefix}{exc.why}", file=sys.stderr)
+            reports.append((target.cluster_path, None, f"could not be read: {exc.why}\n", False))
+    failed = any(doc is None for _, doc, _, _ in reports)
+    leaked = any(leaks for *_, leaks in reports)
+    if len(reports) == 1:
+        _, doc, text, _ = reports[0]
+        if doc is None:
+            return 2
+        output.emit(args.output, doc, lambda: text)
+    else:
+        fleet = {
+            "clusters": [
+                {"cluster": path, "error": text.strip() if doc is None else None, **(doc or {})}
+                for path, doc, text, _ in reports
+            ]
+        }
         output.emit(
-            args.output, status.document(rows, prices), lambda: status.render_table(rows, prices, empty)
+            args.output,
+            fleet,
+            lambda: "\n".join(f"== Cluster {path}\n{text}" for path, _, text, _ in reports),
         )
-        return 1 if rows else 0
+    if failed:
+        return 2
+    return 1 if args.leaks and leaked else 0
+
+
+def _cluster_report(settings: Any, prices: Any, leaks_only: bool) -> tuple[dict[str, Any], str, bool]:
+    """One cluster's report: its document, its text and whether it has leaks; raises TpuProvError
+    when the cluster cannot be read."""
+    from shared.cloud.ports import KubeAPI
+    from shared.core.errors import TpuProvError
+    from shared.provisioning.tenancy.spending import Spending
+    from tpuprov import admission, status
+    from tpuprov.cluster import ClusterView
+
+    view = ClusterView(settings)
+    pools = view.pools()
+    # The product's own accounts: the ClusterView answers the two reads Spending makes.
+    spent = Spending(view.settings, cast(KubeAPI, view))
+    rows = status.pool_rows(
+        pools,
+        view.jobsets(),
+        view.pods(),
+        view.nodes(),
+        prices,
+        datetime.datetime.now(tz=datetime.UTC),
+        view.settings,
+        jobs=view.jobs(),
+        workloads=_workloads(view),
+        may_spend=spent.never_holds,
+    )
+    accounts = spent.accounts(pools)
+    if leaks_only:
+        rows = [r for r in rows if r.leak]
+        return (
+            status.document(rows, prices),
+            status.render_table(rows, prices, "No leaked TPU node pools."),
+            bool(rows),
+        )
     doc = status.document(rows, prices)
     doc["spending"] = status.spending_document(accounts, view.settings)
     section = status.spending_section(accounts, view.settings)
@@ -87,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         doc["admission_check"] = admission.document(health, checks)
         section += admission.render(health, checks)
-    output.emit(args.output, doc, lambda: status.render_table(rows, prices) + section)
-    return 0
+    return doc, status.render_table(rows, prices) + section, any(r.leak for r in rows)
 
 
 def _workloads(view: Any) -> list[Any]:

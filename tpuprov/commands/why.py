@@ -52,63 +52,121 @@ def _denials(log: Any) -> str:
 def run(args: argparse.Namespace, denial_log: Any = None) -> int:
     """Print the explanation; exit 2 when the target is malformed or missing.
 
-    ``denial_log`` (a ``tpuprov.denials.DenialLog``) replaces the default source of the functions'
-    permission denials."""
-    from shared.core import labels
-    from shared.core.errors import NotFoundError, TpuProvError
-    from shared.tpu.pods import Pod
+    Without ``--fleet-cluster`` the target is looked for in every cluster of the fleet (the
+    managed one first); each cluster that holds it is explained, its name before each paragraph
+    when the fleet has more than one cluster. ``denial_log`` (a ``tpuprov.denials.DenialLog``)
+    replaces the default source of the functions' permission denials."""
+    from shared.core.errors import TpuProvError
     from tpuprov import output
-    from tpuprov.cluster import ClusterView, settings_from
-    from tpuprov.why import explain
+    from tpuprov.cluster import fleet_clusters, settings_from
 
-    # One paragraph per pod: (namespace/pod, explanation), printed once everything was read.
-    said: list[tuple[str, str]] = []
     namespace, _, name = args.target.partition("/")
     if not namespace or not name or "/" in name:
         print("tpuprov why: give NAMESPACE/NAME", file=sys.stderr)
         return 2
+    what = f"{'JobSet' if args.jobset else 'pod'} {namespace}/{name}"
     try:
         settings = settings_from(args)
-        view = ClusterView(settings)
-        if args.jobset:
-            jobset = view.jobset(namespace, name)
-            pods = view.pods(namespace, f"{labels.JOBSET_NAME}={name}")
-            if jobset is None and not pods:
-                print(f"tpuprov why: JobSet {namespace}/{name} not found", file=sys.stderr)
-                return 2
-            # One pod per slice: the Job's first pod speaks for its pool.
-            leaders: dict[tuple[str | None, str | None], Pod] = {}
-            for pod in sorted(pods, key=lambda p: p.name):
-                key = (pod.labels.get(labels.REPLICATED_JOB_NAME), pod.labels.get(labels.JOB_INDEX))
-                leaders.setdefault(key, pod)
-            if not leaders and args.output == "table":
-                print(f"JobSet {namespace}/{name} has no pods (suspended, or not started yet).")
-                return 0
-            pools, nodes, cluster = view.pools(), view.nodes(), view.cluster()
-            for pod in leaders.values():
-                events = view.events_about("Pod", pod.namespace, pod.name, pod.uid)
-                explained = explain(pod, jobset, events, pools, nodes, settings, cluster)
-                said.append((pod.key, explained))
-        else:
-            try:
-                pod = view.pod(namespace, name)
-            except NotFoundError:
-                print(f"tpuprov why: pod {namespace}/{name} not found", file=sys.stderr)
-                return 2
-            jobset_name = pod.jobset_value(labels.JOBSET_NAME)
-            jobset = view.jobset(namespace, jobset_name) if jobset_name else None
-            events = view.events_about("Pod", pod.namespace, pod.name, pod.uid)
-            if jobset is not None:
-                events += view.events_about("JobSet", namespace, jobset.meta.name, jobset.meta.uid)
-            explained = explain(pod, jobset, events, view.pools(), view.nodes(), settings, view.cluster())
-            said.append((pod.key, explained))
+        targets = [settings] if args.fleet_cluster else fleet_clusters(settings)
     except TpuProvError as exc:
         print(f"tpuprov why: {exc.why}", file=sys.stderr)
+        return 2
+    fleet = len(targets) > 1
+    # One paragraph per pod: (cluster, namespace/pod, explanation), printed once everything was read.
+    said: list[tuple[str, str, str]] = []
+    found = unread = 0
+    for target in targets:
+        try:
+            paragraphs = _explain_in(target, args.jobset, namespace, name)
+        except TpuProvError as exc:
+            unread += 1
+            print(f"tpuprov why: {f'{target.cluster_path}: ' if fleet else ''}{exc.why}", file=sys.stderr)
+            continue
+        if paragraphs is None:
+            continue
+        found += 1
+        if not paragraphs and args.output == "table":
+            said.append(
+                (
+                    target.cluster_path,
+                    "",
+                    f"JobSet {namespace}/{name} has no pods (suspended, or not started yet).",
+                )
+            )
+        said += [(target.cluster_path, pod, text) for pod, text in paragraphs]
+    if not found:
+        if unread == len(targets):
+            return 2  # each cluster's reason is said above
+        where = ""
+        if fleet:
+            where = f" in any cluster of the fleet ({len(targets)} clusters"
+            where += f", {unread} of them unreadable)" if unread else ")"
+        print(f"tpuprov why: {what} not found{where}", file=sys.stderr)
         return 2
     # A role missing a permission blocks every JobSet: said after each explanation until fixed.
     denied = _denials(denial_log if denial_log is not None else _denial_log(settings))
     if denied:
-        said = [(pod_name, f"{text} {denied}") for pod_name, text in said]
-    doc = [{"pod": pod_name, "explanation": text} for pod_name, text in said]
-    output.emit(args.output, doc, lambda: "".join(f"{text}\n" for _, text in said))
+        said = [(cluster, pod, f"{text} {denied}") for cluster, pod, text in said]
+
+    def named(cluster: str, text: str) -> str:
+        return f"[{cluster.rsplit('/', 1)[-1]}] {text}" if fleet else text
+
+    doc = [
+        {"pod": pod, "explanation": text, **({"cluster": cluster} if fleet else {})}
+        for cluster, pod, text in said
+        if pod
+    ]
+    output.emit(args.output, doc, lambda: "".join(f"{named(c, text)}\n" for c, _, text in said))
     return 0
+
+
+def _explain_in(
+    settings: Any, jobset_wanted: bool, namespace: str, name: str
+) -> list[tuple[str, str]] | None:
+    """The explanations for the target in one cluster, (namespace/pod, paragraph) each; None when
+    the cluster does not hold it. Raises TpuProvError when the cluster cannot be read."""
+    from shared.core import labels
+    from shared.core.errors import NotFoundError
+    from shared.tpu.pods import Pod
+    from tpuprov.cluster import ClusterView
+    from tpuprov.why import explain
+
+    view = ClusterView(settings)
+    if jobset_wanted:
+        jobset = view.jobset(namespace, name)
+        pods = view.pods(namespace, f"{labels.JOBSET_NAME}={name}")
+        if jobset is None and not pods:
+            return None
+        # One pod per slice: the Job's first pod speaks for its pool.
+        leaders: dict[tuple[str | None, str | None], Pod] = {}
+        for pod in sorted(pods, key=lambda p: p.name):
+            key = (pod.labels.get(labels.REPLICATED_JOB_NAME), pod.labels.get(labels.JOB_INDEX))
+            leaders.setdefault(key, pod)
+        if not leaders:
+            return []
+        pools, nodes, cluster = view.pools(), view.nodes(), view.cluster()
+        return [
+            (
+                pod.key,
+                explain(
+                    pod,
+                    jobset,
+                    view.events_about("Pod", pod.namespace, pod.name, pod.uid),
+                    pools,
+                    nodes,
+                    settings,
+                    cluster,
+                ),
+            )
+            for pod in leaders.values()
+        ]
+    try:
+        pod = view.pod(namespace, name)
+    except NotFoundError:
+        return None
+    jobset_name = pod.jobset_value(labels.JOBSET_NAME)
+    jobset = view.jobset(namespace, jobset_name) if jobset_name else None
+    events = view.events_about("Pod", pod.namespace, pod.name, pod.uid)
+    if jobset is not None:
+        events += view.events_about("JobSet", namespace, jobset.meta.name, jobset.meta.uid)
+    return [(pod.key, explain(pod, jobset, events, view.pools(), view.nodes(), settings, view.cluster()))]

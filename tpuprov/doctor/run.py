@@ -44,16 +44,23 @@ def _role(deployment: Deployment, expected: Expected, function: str) -> list[Che
 
 
 def fleet_of(deployment: Deployment, settings: Settings) -> tuple[str, ...]:
-    """The clusters the deployment serves, as its provision function reads them (the managed
-    cluster, then FLEET_CLUSTERS); just ``settings``' cluster when the deployed settings cannot be
-    read (the spending section says why)."""
+    """The clusters the deployment serves, as its provision function decides them (the managed
+    cluster, FLEET_CLUSTERS, then the clusters of FLEET_PROJECTS that GKE lists with FLEET_LABEL
+    now); just ``settings``' cluster when the deployed settings cannot be read (the spending
+    section says why)."""
+    from tpuprov.cluster import fleet_clusters
+
     try:
         deployed = Settings.from_env(deployment.function_env("provision"))
     except TpuProvError:
         return (settings.cluster_path,)
     if deployed.cluster_path != settings.cluster_path:
         return (settings.cluster_path,)  # another deployment's view: check what was asked for
-    return deployed.fleet_paths
+    # The operator's endpoints (a sandbox's emulator) list the labelled clusters, as status does.
+    listing = deployed.with_overrides(
+        gke_api_endpoint=settings.gke_api_endpoint, emulator_access_token=settings.emulator_access_token
+    )
+    return tuple(s.cluster_path for s in fleet_clusters(listing))
 
 
 def _named(checks: list[Check], cluster: str) -> list[Check]:
