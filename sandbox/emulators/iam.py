@@ -31,41 +31,54 @@ def load_roles(repo_root: Path) -> dict[str, tuple[str, ...]]:
 
 
 class Iam:
-    """Tokens -> principals -> granted permissions; thread-safe, changeable while serving."""
+    """Tokens -> principals -> granted permissions per project; thread-safe, changeable while serving.
+
+    A grant holds in one project, as a project IAM binding does: custom roles are project resources
+    and a binding in one project says nothing about another's (IAM "Understanding roles", custom
+    roles; Resource Manager's policy hierarchy), so infra/iam.tf copies each function's role into
+    every fleet project and binds it there."""
 
     def __init__(self, project: str, prefix: str = "tpuprov") -> None:
         self.project = project
         self.prefix = prefix
-        self._grants: dict[str, set[str]] = {}
+        self._grants: dict[tuple[str, str], set[str]] = {}  # (principal, project) -> permissions
         self._tokens: dict[str, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def for_functions(cls, roles: Mapping[str, Iterable[str]], project: str, prefix: str = "tpuprov") -> Iam:
-        """An IAM with one service account and token per function, granted ``roles``."""
+    def for_functions(
+        cls,
+        roles: Mapping[str, Iterable[str]],
+        project: str,
+        prefix: str = "tpuprov",
+        fleet_projects: Iterable[str] = (),
+    ) -> Iam:
+        """An IAM with one service account and token per function, granted ``roles`` in ``project``
+        and in each of ``fleet_projects`` (infra/iam.tf ``fleet_function``)."""
         iam = cls(project, prefix)
         for function, permissions in roles.items():
-            iam.grant(iam.principal_of(function), permissions)
+            for where in dict.fromkeys((project, *fleet_projects)):
+                iam.grant(iam.principal_of(function), permissions, where)
         return iam
 
     def principal_of(self, function: str) -> str:
         """The service account email infra/ creates for ``function``."""
         return service_account(function, self.project, self.prefix)
 
-    def grant(self, principal: str, permissions: Iterable[str]) -> None:
-        """Add permissions to ``principal`` (creating it)."""
+    def grant(self, principal: str, permissions: Iterable[str], project: str = "") -> None:
+        """Add permissions to ``principal`` (creating it) in ``project`` (default: the home project)."""
         with self._lock:
-            self._grants.setdefault(principal, set()).update(permissions)
+            self._grants.setdefault((principal, project or self.project), set()).update(permissions)
 
-    def revoke(self, function: str, permission: str) -> None:
+    def revoke(self, function: str, permission: str, project: str = "") -> None:
         """Take one permission away from ``function``'s service account (tests)."""
         with self._lock:
-            self._grants.get(self.principal_of(function), set()).discard(permission)
+            self._grants.get((self.principal_of(function), project or self.project), set()).discard(permission)
 
-    def granted(self, principal: str) -> frozenset[str]:
-        """What ``principal`` holds now (``tpuprov doctor`` reads it as the deployed role)."""
+    def granted(self, principal: str, project: str = "") -> frozenset[str]:
+        """What ``principal`` holds in ``project`` now (``tpuprov doctor`` reads it as the deployed role)."""
         with self._lock:
-            return frozenset(self._grants.get(principal, ()))
+            return frozenset(self._grants.get((principal, project or self.project), ()))
 
     def token_for(self, function: str) -> str:
         """A bearer token that authenticates as ``function``'s service account."""
@@ -86,10 +99,11 @@ class Iam:
         with self._lock:
             return self._tokens.get(token.strip(), "")
 
-    def missing(self, principal: str, permissions: Iterable[str]) -> str:
-        """The first of ``permissions`` that ``principal`` lacks ("" when it holds them all)."""
+    def missing(self, principal: str, permissions: Iterable[str], project: str = "") -> str:
+        """The first of ``permissions`` that ``principal`` lacks in ``project`` ("" when it holds
+        them all; default: the home project)."""
         with self._lock:
-            granted = self._grants.get(principal, set())
+            granted = self._grants.get((principal, project or self.project), set())
             for permission in permissions:
                 service = permission.split(".", 1)[0]
                 if permission not in granted and f"{service}.*" not in granted:

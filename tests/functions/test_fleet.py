@@ -19,11 +19,13 @@ from typing import Any, cast
 import pytest
 
 from sandbox.emulators.gke.emulator import ClusterSeed, GkeEmulator
+from sandbox.emulators.iam import Iam, load_roles
 from sandbox.emulators.sockets import free_port
 from sandbox.jobsets import tpu_jobset
 from sandbox.kube import kubeconfig
 from sandbox.kube.api import ApiError
 from sandbox.polling import eventually
+from sandbox.stack.config import REPO_ROOT
 from sandbox.testing.fixtures.kube import KubeHandle
 from sandbox.testing.fnclient import LoggedFunction, served_function
 from sandbox.testing.gke import rest_client
@@ -308,6 +310,46 @@ def test_doctor_and_status_cover_a_cluster_labelled_into_the_fleet(
     assert fleet_of(cast(Any, Deployed()), operator) == (HOME.path, SECOND.path, LABELLED.path)
     [labelled] = [s for s in fleet_clusters(Settings.from_env()) if s.cluster_path == LABELLED.path]
     assert labelled.kube_api_endpoint == "" and labelled.project_id == LABELLED.project
+
+
+@pytest.mark.parametrize("bound_there", [False, True], ids=["role-in-home-project-only", "role-in-both"])
+def test_a_fleet_project_serves_only_where_infra_binds_the_functions_roles(
+    gke: GkeEmulator, kube_server: KubeHandle, serve: Any, bound_there: bool
+) -> None:
+    # The GKE emulator's IAM grants each function the permissions infra/roles.json gives its role,
+    # per project as infra/iam.tf binds them: in the home project, and (fleet_function) in each
+    # other fleet project, here the labelled cluster's.
+    fleet_projects = (LABELLED.project,) if bound_there else ()
+    iam = Iam.for_functions(load_roles(REPO_ROOT), HOME.project, fleet_projects=fleet_projects)
+    gke.set_iam(iam)
+    client = rest_client(gke.url)  # the platform team's own credentials are not the functions'
+    gke.set_iam(None)
+    cluster = client.get_cluster(name=LABELLED.path)
+    client.set_labels(
+        request={
+            "name": LABELLED.path,
+            "resource_labels": {"tpuprov": "enabled"},
+            "label_fingerprint": cluster.label_fingerprint,
+        }
+    )
+    gke.set_iam(iam)
+    _, pods = kube_server.submit_jobset(tpu_jobset("fleet-iam", "team-a", replicas=1))
+    with serve(
+        "provision", fleet_projects=(LABELLED.project,), emulator_access_token=iam.token_for("provision")
+    ) as function:
+        home = function.function.post_entry(pending_event(pods[0], cluster=HOME))
+        labelled = function.function.post_entry(pending_event(pods[0], cluster=LABELLED))
+        denied = function.events("permission.denied")
+    assert home.status_code == 200 and len(names(gke, HOME)) == 1  # one project's denial stops no other
+    if bound_there:
+        assert labelled.status_code == 200 and len(names(gke, LABELLED)) == 1
+        return
+    # Not bound in the labelled cluster's project: GKE's real denial, the delivery comes back (the
+    # pod is not lost while the grant is missing) and nothing is created there.
+    assert labelled.status_code != 200 and names(gke, LABELLED) == []
+    [denial] = denied
+    assert (denial["permission"], denial["role"]) == ("container.clusters.list", "provision")
+    assert f"projects/{LABELLED.project}" in denial["message"], denial["message"]
 
 
 def test_a_fleet_clusters_own_settings_decide_its_deliveries(

@@ -193,7 +193,8 @@ class ComputeEmulator:
         if not principal:
             raise ComputeError(401, "authError", UNAUTHENTICATED)
         permission = PERMISSIONS[kind]
-        if iam.missing(principal, (permission,)):
+        # Checked in the project the path names (every route starts projects/P), as GKE's calls are.
+        if iam.missing(principal, (permission,), args[0]):
             resource = path.removeprefix("/compute/v1/")
             if kind == "insert":
                 resource = f"projects/{args[0]}/regions/{args[1]}/resourcePolicies"

@@ -346,11 +346,13 @@ class GkeEmulator:
         principal = self.iam.principal(request.headers.get("Authorization"))
         if not principal:
             raise ApiError(401, "UNAUTHENTICATED", UNAUTHENTICATED)
-        missing = self.iam.missing(principal, PERMISSIONS[kind])
+        resource = args[0]
+        if kind == "get_operation":
+            resource = f"projects/{args[0]}/locations/{args[1]}/operations/{args[2]}"
+        # IAM checks the grant in the project of the resource asked for (every GKE path starts
+        # projects/P), so a role bound in the home project does not reach a fleet cluster elsewhere.
+        missing = self.iam.missing(principal, PERMISSIONS[kind], resource.split("/")[1])
         if missing:
-            resource = args[0]
-            if kind == "get_operation":
-                resource = f"projects/{args[0]}/locations/{args[1]}/operations/{args[2]}"
             raise ApiError(403, "PERMISSION_DENIED", gke_denial(missing, resource))
 
     def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> Any:
