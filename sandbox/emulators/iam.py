@@ -73,7 +73,8 @@ class Iam:
     def revoke(self, function: str, permission: str, project: str = "") -> None:
         """Take one permission away from ``function``'s service account (tests)."""
         with self._lock:
-            self._grants.get((self.principal_of(function), project or self.project), set()).discard(permission)
+            key = (self.principal_of(function), project or self.project)
+            self._grants.get(key, set()).discard(permission)
 
     def granted(self, principal: str, project: str = "") -> frozenset[str]:
         """What ``principal`` holds in ``project`` now (``tpuprov doctor`` reads it as the deployed role)."""

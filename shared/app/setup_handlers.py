@@ -8,6 +8,7 @@ runtime and the CloudEvent, decodes the Pub/Sub payload, and makes one service c
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from shared.app.entry import Runtime
@@ -49,19 +50,21 @@ def objects_for(runtime: Runtime, cluster_path: str) -> ApiClientObjects:
     return runtime.service(f"objects:{cluster_path}", build)
 
 
-def _payload(cloud_event: Any, allow_empty: bool) -> bytes:
+def _payload(cloud_event: Any, allow_empty: bool) -> tuple[bytes, Mapping[str, str]]:
+    """The delivery's data and its Pub/Sub attributes, from one decode of the CloudEvent."""
     payload, delivery, why = events.unwrap_cloud_event(cloud_event)
+    attributes: Mapping[str, str] = delivery.attributes if delivery is not None else {}
     if payload is not None:
-        return payload
+        return payload, attributes
     if allow_empty and delivery is not None and why.endswith("has no data"):
-        return b""
+        return b"", attributes
     raise InvalidInputError(f"unreadable delivery: {why}")
 
 
 def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
     """Install or upgrade JobSet and Kueue on the cluster the message names, when it is the managed
     cluster or one of SETUP_CLUSTERS; any other is acknowledged with a ``setup.ignored`` line."""
-    cluster, ignored = parse_setup_payload(_payload(cloud_event, allow_empty=False))
+    cluster, ignored = parse_setup_payload(_payload(cloud_event, allow_empty=False)[0])
     if cluster is None:
         logs.decision(log, "setup.ignored", ignored, logging.INFO)
         return None
@@ -91,12 +94,11 @@ def setup_cluster(runtime: Runtime, cloud_event: Any) -> InstallReport | None:
         return report
 
 
-def _kueue_target(runtime: Runtime, cloud_event: Any) -> Runtime:
+def _kueue_target(runtime: Runtime, attributes: Mapping[str, str]) -> Runtime:
     """The runtime of the cluster the message's ``cluster`` attribute names (the managed cluster's
     without one). A cluster outside the fleet is refused: applying queues is writing cluster-scoped
     objects, so only a cluster this deployment serves, never whatever a publisher names."""
-    _, delivery, _ = events.unwrap_cloud_event(cloud_event)
-    named = (delivery.attributes.get(KUEUE_CLUSTER_ATTRIBUTE, "") if delivery is not None else "").strip()
+    named = attributes.get(KUEUE_CLUSTER_ATTRIBUTE, "").strip()
     if not named:
         return runtime
     cluster = ClusterId.from_path(named)  # InvalidInputError names what a path looks like
@@ -113,9 +115,10 @@ def _kueue_target(runtime: Runtime, cloud_event: Any) -> Runtime:
 def apply_kueue(runtime: Runtime, cloud_event: Any) -> KueueReport:
     """Apply the queue configuration in the message, or the deployed default for an empty one, to
     the cluster the message's ``cluster`` attribute names (the managed cluster without one)."""
-    target = _kueue_target(runtime, cloud_event)
+    data, attributes = _payload(cloud_event, allow_empty=True)
+    target = _kueue_target(runtime, attributes)
     settings = target.settings  # a fleet cluster's own (FLEET_OVERRIDES: allowed accelerators...)
-    payload = _payload(cloud_event, allow_empty=True).strip()
+    payload = data.strip()
     with logs.bound(cluster=settings.cluster_path):
         if payload in _DEFAULT_PAYLOADS:
             config = load_config(settings.kueue_config_path, settings.allowed_accelerators)

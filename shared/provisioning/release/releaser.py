@@ -239,16 +239,26 @@ class Releaser:
         """The owner's verdict on ``pool``, a suspended owner's Kueue Workload consulted."""
         return judge(pool, jobset, self.settings, now, self.holds.of(jobset, now))
 
-    def release(self, namespace: str, name: str, uid: str, trigger: str, deleted: bool = False) -> list[str]:
+    def release(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        trigger: str,
+        deleted: bool = False,
+        listing: list[NodePoolInfo] | None = None,
+    ) -> list[str]:
         """Release the pools of JobSet ``namespace/name`` (all JobSets in ``namespace`` if ``name`` is "");
-        ``deleted``: the trigger is the JobSet's deletion (then the pools held idle are judged too).
+        ``deleted``: the trigger is the JobSet's deletion (then the pools held idle are judged too);
+        ``listing``: the cluster's pools, when the caller has just listed them.
 
         Returns the pools deleted. Raises TransientError after attempting every pool if any delete
         must be retried, so one stuck pool does not hold the others back.
         """
         # The event's uid (when it has one) narrows the nomination to that JobSet's pools; the API
         # check below still decides whether each may go.
-        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        if listing is None:
+            listing = self.gke.list_node_pools(self.settings.cluster_path)
         pools = [p for p in listing if owned_by(p, namespace, name, uid)]
         jobsets: JobSets = {}
         ran_on = self._ran_on(namespace, name, uid, listing, pools, jobsets) if name else {}
@@ -299,7 +309,8 @@ class Releaser:
         can land after the JobSet's own release listed its pools (GKE creates take minutes; the
         sandbox's slow-operations scenario showed the race), and nothing else would release it
         before the reconcile sweep. One pool listing (provision's role lists pools; it has no
-        ``container.nodePools.get``, infra/roles.json) and one JobSet read; the pools deleted."""
+        ``container.nodePools.get``, infra/roles.json), handed on to the release, and one JobSet
+        read; the pools deleted."""
         listing = self.gke.list_node_pools(self.settings.cluster_path)
         pool = next((p for p in listing if p.name == pool_name), None)
         if pool is None:
@@ -311,7 +322,7 @@ class Releaser:
         recreated = jobset is not None and bool(owner.uid) and jobset.meta.uid != owner.uid
         if occupancy.is_live(jobset) and not recreated:
             return []
-        return self.release(owner.namespace, owner.name, owner.uid, trigger)
+        return self.release(owner.namespace, owner.name, owner.uid, trigger, listing=listing)
 
     def _read_owners(self, listing: list[NodePoolInfo], jobsets: JobSets) -> list[JobSet] | None:
         """The owners of the running managed pools not stamped idle, into ``jobsets``: one GET each

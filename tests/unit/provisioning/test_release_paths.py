@@ -574,5 +574,7 @@ def test_a_pool_whose_create_ends_after_its_jobset_ended_is_released_then(
     assert releaser.release_if_owner_over(pool.name, "CreateNodePool finished") == []  # still running
     assert gke.count("delete") == 0
     finish(kube, "done")
+    lists = gke.count("list")
     assert releaser.release_if_owner_over(pool.name, "CreateNodePool finished") == [pool.name]
+    assert gke.count("list") == lists + 1  # the release decides on the listing that found the pool
     assert releaser.release_if_owner_over("no-such-pool", "CreateNodePool finished") == []
