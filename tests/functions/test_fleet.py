@@ -77,6 +77,20 @@ def fleet_kubeconfig(kube: KubeHandle, function: str, folder: Path) -> Path:
     return kubeconfig.with_contexts(base, contexts, folder / f"kubeconfig-fleet-{function}")
 
 
+def label_into_fleet(gke: GkeEmulator, cluster: ClusterId) -> None:
+    """Label ``cluster`` into the fleet as `gcloud container clusters update --update-labels` does:
+    setResourceLabels with the fingerprint of the labels it replaces."""
+    client = rest_client(gke.url)
+    found = client.get_cluster(name=cluster.path)
+    client.set_labels(
+        request={
+            "name": cluster.path,
+            "resource_labels": {**found.resource_labels, "tpuprov": "enabled"},
+            "label_fingerprint": found.label_fingerprint,
+        }
+    )
+
+
 @pytest.fixture
 def serve(gke: GkeEmulator, kube_server: KubeHandle, tmp_path: Path) -> Any:
     def start(function: str, overrides: str = "", **more: Any) -> Any:
@@ -240,23 +254,13 @@ def test_a_cluster_labelled_into_the_fleet_is_served_within_the_ttl_without_a_re
     gke: GkeEmulator, kube_server: KubeHandle, serve: Any
 ) -> None:
     _, pods = kube_server.submit_jobset(tpu_jobset("fleet-f", "team-a", replicas=1))
-    client = rest_client(gke.url)
     with serve(
         "provision", fleet_projects=("team-b-proj",), fleet_discovery_seconds=DISCOVERY_SECONDS
     ) as function:
         # Not labelled: acknowledged, said, and no pool (one listing of the project answers).
         assert function.function.post_entry(pending_event(pods[0], cluster=LABELLED)).status_code == 200
         assert names(gke, LABELLED) == [] and function.events("provision.ignored")
-        # The platform team labels it, as `gcloud container clusters update --update-labels` does:
-        # setResourceLabels with the fingerprint of the labels it replaces.
-        cluster = client.get_cluster(name=LABELLED.path)
-        client.set_labels(
-            request={
-                "name": LABELLED.path,
-                "resource_labels": {**cluster.resource_labels, "tpuprov": "enabled"},
-                "label_fingerprint": cluster.label_fingerprint,
-            }
-        )
+        label_into_fleet(gke, LABELLED)
         labelled_at = time.monotonic()
 
         def served() -> bool:
@@ -297,15 +301,7 @@ def test_doctor_and_status_cover_a_cluster_labelled_into_the_fleet(
     for key, value in {**deployed, "GKE_API_ENDPOINT": gke.url}.items():
         monkeypatch.setenv(key, value)
     assert [s.cluster_path for s in fleet_clusters(Settings.from_env())] == [HOME.path, SECOND.path]
-    client = rest_client(gke.url)
-    cluster = client.get_cluster(name=LABELLED.path)
-    client.set_labels(
-        request={
-            "name": LABELLED.path,
-            "resource_labels": {"tpuprov": "enabled"},
-            "label_fingerprint": cluster.label_fingerprint,
-        }
-    )
+    label_into_fleet(gke, LABELLED)
     # Labelled: the next doctor and status runs check and show it, no redeploy.
     assert fleet_of(cast(Any, Deployed()), operator) == (HOME.path, SECOND.path, LABELLED.path)
     [labelled] = [s for s in fleet_clusters(Settings.from_env()) if s.cluster_path == LABELLED.path]
@@ -321,17 +317,7 @@ def test_a_fleet_project_serves_only_where_infra_binds_the_functions_roles(
     # other fleet project, here the labelled cluster's.
     fleet_projects = (LABELLED.project,) if bound_there else ()
     iam = Iam.for_functions(load_roles(REPO_ROOT), HOME.project, fleet_projects=fleet_projects)
-    gke.set_iam(iam)
-    client = rest_client(gke.url)  # the platform team's own credentials are not the functions'
-    gke.set_iam(None)
-    cluster = client.get_cluster(name=LABELLED.path)
-    client.set_labels(
-        request={
-            "name": LABELLED.path,
-            "resource_labels": {"tpuprov": "enabled"},
-            "label_fingerprint": cluster.label_fingerprint,
-        }
-    )
+    label_into_fleet(gke, LABELLED)  # by the platform team, before the functions' IAM is enforced
     gke.set_iam(iam)
     _, pods = kube_server.submit_jobset(tpu_jobset("fleet-iam", "team-a", replicas=1))
     with serve(
