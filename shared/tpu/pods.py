@@ -59,9 +59,7 @@ class Pod:
     phase: str = "Pending"
     node_name: str = ""
     unschedulable: bool = False  # PodScheduled=False with reason Unschedulable (the scheduler gave up)
-    # Pending, unbound, ungated and without any PodScheduled condition: the scheduler has not
-    # written its verdict on this pod yet.
-    verdict_pending: bool = False
+    has_scheduled_condition: bool = False  # any PodScheduled condition, whatever its status
     gated: bool = False  # scheduling gates still held
     tpu_chips: int = 0  # google.com/tpu over its containers
     tpu_problem: str = ""  # why the TPU request cannot be read ("" when it can)
@@ -93,9 +91,7 @@ class Pod:
             phase=str(status.get("phase", "Pending")),
             node_name=str(spec.get("nodeName") or ""),
             unschedulable=scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable",
-            verdict_pending=not scheduled
-            and str(status.get("phase", "Pending")) == "Pending"
-            and not (spec.get("nodeName") or meta.get("deletionTimestamp") or spec.get("schedulingGates")),
+            has_scheduled_condition=bool(scheduled),
             gated=bool(spec.get("schedulingGates")),
             tpu_chips=chips,
             tpu_problem=problem,
@@ -109,6 +105,16 @@ class Pod:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def verdict_pending(self) -> bool:
+        """Pending, unbound, not being deleted, ungated, and without any PodScheduled condition: the
+        scheduler has not written its verdict on this pod yet."""
+        return (
+            self.phase == "Pending"
+            and not (self.node_name or self.deleting or self.gated)
+            and not self.has_scheduled_condition
+        )
 
     @property
     def finished(self) -> bool:
