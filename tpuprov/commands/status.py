@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import sys
@@ -56,37 +57,46 @@ def run(args: argparse.Namespace) -> int:
     except TpuProvError as exc:
         print(f"tpuprov status: {exc.why}", file=sys.stderr)
         return 2
-    reports: list[tuple[str, dict[str, Any] | None, str, bool]] = []  # cluster, doc, text, leaks
+    reports: list[_Report] = []
     for target in targets:
         try:
-            reports.append((target.cluster_path, *_cluster_report(target, prices, args.leaks)))
+            reports.append(_Report(target.cluster_path, *_cluster_report(target, prices, args.leaks)))
         except TpuProvError as exc:
             # One cluster's outage or denial hides none of the others' pools.
             prefix = f"{target.cluster_path}: " if len(targets) > 1 else ""
             print(f"tpuprov status: {prefix}{exc.why}", file=sys.stderr)
-            reports.append((target.cluster_path, None, f"could not be read: {exc.why}\n", False))
-    failed = any(doc is None for _, doc, _, _ in reports)
-    leaked = any(leaks for *_, leaks in reports)
+            reports.append(_Report(target.cluster_path, error=f"could not be read: {exc.why}"))
     if len(reports) == 1:
-        _, doc, text, _ = reports[0]
-        if doc is None:
+        [report] = reports
+        if report.error:
             return 2
-        output.emit(args.output, doc, lambda: text)
+        output.emit(args.output, report.doc, lambda: report.text)
     else:
-        fleet = {
-            "clusters": [
-                {"cluster": path, "error": text.strip() if doc is None else None, **(doc or {})}
-                for path, doc, text, _ in reports
-            ]
-        }
+        fleet = {"clusters": [{"cluster": r.cluster, "error": r.error or None, **r.doc} for r in reports]}
         output.emit(
             args.output,
             fleet,
-            lambda: "\n".join(f"== Cluster {path}\n{text}" for path, _, text, _ in reports),
+            lambda: "\n".join(f"== Cluster {r.cluster}\n{r.section}" for r in reports),
         )
-    if failed:
+    if any(r.error for r in reports):
         return 2
-    return 1 if args.leaks and leaked else 0
+    return 1 if args.leaks and any(r.leaks for r in reports) else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Report:
+    """One cluster's part of the report; ``error`` says why it could not be read ("" when it was)."""
+
+    cluster: str
+    doc: dict[str, Any] = dataclasses.field(default_factory=dict)
+    text: str = ""
+    leaks: bool = False
+    error: str = ""
+
+    @property
+    def section(self) -> str:
+        """The cluster's text under its heading: the report, or why there is none."""
+        return self.text or f"{self.error}\n"
 
 
 def _cluster_report(settings: Any, prices: Any, leaks_only: bool) -> tuple[dict[str, Any], str, bool]:
