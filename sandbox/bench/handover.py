@@ -102,6 +102,9 @@ class HandoverResult:
     problems: list[str]
     seconds: float
     gke_op_seconds: float  # how long the emulator takes to create a pool
+    # The stack's whole timeline when anything went wrong ("" otherwise): the only record of which
+    # function decided what, as the stack is gone once the run returns.
+    timeline: str = ""
 
     def split(self, handed_over: bool) -> list[float]:
         """Admission-to-Running seconds of the JobSets that did (not) run on handed-over pools."""
@@ -250,6 +253,7 @@ def run(shape: HandoverShape, config: StackConfig | None = None) -> HandoverResu
         creates = sum(1 for call in stack.gke.calls if call.method == "create")
         killed = pods_killed(stack, *names)
         found = clock.timings(base.cluster_name)
+        timeline = stack.timeline.render()
     problems += [f"JobSet {n} ended {s}" for n, s in states.items() if s != "Completed"]
     if summary.pools_leaked:
         problems.append(f"leaked pools: {', '.join(summary.pools_leaked)}")
@@ -277,6 +281,7 @@ def run(shape: HandoverShape, config: StackConfig | None = None) -> HandoverResu
         problems=problems,
         seconds=time.monotonic() - started,
         gke_op_seconds=base.gke_op_delay,
+        timeline=timeline if problems else "",
     )
 
 

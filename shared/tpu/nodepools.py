@@ -20,6 +20,13 @@ STATUS_RUNNING_WITH_ERROR = "RUNNING_WITH_ERROR"
 STATUS_RECONCILING = "RECONCILING"
 STATUS_STOPPING = "STOPPING"
 STATUS_ERROR = "ERROR"
+# The statuses under which a pool's nodes run pods: RUNNING is "fully usable", and RECONCILING is a
+# change being carried out on a pool that serves meanwhile. The product's own change, a node-label
+# update (an offer's idle stamp, a handover), is applied "without re-creating the node pool and
+# disrupting running workloads" (GKE, "Update Kubernetes node labels and taints for node pools").
+# A pool two releases look at together is RECONCILING in the second one's listing while the first
+# one's relabel runs; it is as worth holding for a queued JobSet as a RUNNING one.
+SERVING = (STATUS_RUNNING, STATUS_RECONCILING)
 
 # WorkloadMetadataConfig.Mode (google.container.v1): GKE_METADATA runs GKE's metadata server on the
 # nodes, which answers pods with their own Workload Identity instead of the node's service account.

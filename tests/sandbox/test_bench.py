@@ -197,6 +197,7 @@ def test_handover_part_creates_pools_for_the_queue_not_for_every_jobset():
     # Runs long enough that the adopters still run when the first pair's release looks at the
     # pools, on a loaded machine too (the handover needs running pods to hand the pools to).
     result = bench_handover.run(bench_handover.HandoverShape(jobsets=4, run_seconds=4.0, timeout=150))
+    print(result.timeline)  # pytest shows it when the test failed
     assert result.problems == []
     assert result.completed == 4
     assert result.creates == result.pools_created == 2

@@ -31,7 +31,7 @@ from shared.tpu import capacity, catalog
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.declared import declaration_problem, declared_request, replicated_jobs, total_vms_problem
 from shared.tpu.jobsets import JobSet, is_suspended, terminal_condition
-from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo, NodePoolSpec
+from shared.tpu.nodepools import SERVING, NodePoolInfo, NodePoolSpec
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Chain
 from shared.tpu.pods import Pod
@@ -323,8 +323,8 @@ def decide(
     ):
         ran = f"{last_user.describe()} ran {last_user.pods} pod(s) on it last"
         return Decision(ADOPT, f"{verdict.why}; {ran}", last_user)
-    if pool.status != STATUS_RUNNING:
-        return Decision(DELETE, verdict.why)  # only a working pool is worth holding for someone
+    if pool.status not in SERVING:
+        return Decision(DELETE, verdict.why)  # only a pool whose nodes serve is worth holding
     taker = _taker(pool, demand, just_admitted=False)
     if taker is not None and idle_seconds < settings.idle_pool_seconds:
         return Decision(

@@ -37,7 +37,7 @@ from shared.provisioning.tenancy.ownership import Owners, PodChains
 from shared.provisioning.tenancy.spending import Spending
 from shared.tpu import catalog
 from shared.tpu.jobsets import JobSet, is_suspended, jobset_ref
-from shared.tpu.nodepools import STATUS_RUNNING, STATUS_STOPPING, NodePoolInfo, Reservation
+from shared.tpu.nodepools import SERVING, STATUS_STOPPING, NodePoolInfo, Reservation
 from shared.tpu.nodes import Node
 from shared.tpu.workloads import WorkloadView
 
@@ -451,7 +451,7 @@ class Releaser:
                     continue
                 admitted = (
                     occupancy.just_admitted_taker(pool, waiting or [])
-                    if decision.action == occupancy.DELETE and pool.status == STATUS_RUNNING
+                    if decision.action == occupancy.DELETE and pool.status in SERVING
                     else None
                 )
                 if admitted is not None:
@@ -704,8 +704,9 @@ def _reservation_parts(value: str) -> tuple[str, str]:
 
 
 def _unstamped_running(pool: NodePoolInfo) -> bool:
-    """A running managed pool not (yet) stamped idle: one a release may be about to offer."""
-    return is_managed(pool) and pool.status == STATUS_RUNNING and not pool.labels.get(labels.IDLE_SINCE)
+    """A serving managed pool not (yet) stamped idle: one a release may be about to offer, or be
+    offering now (RECONCILING while GKE applies the stamp)."""
+    return is_managed(pool) and pool.status in SERVING and not pool.labels.get(labels.IDLE_SINCE)
 
 
 def _held_idle(pool: NodePoolInfo) -> bool:

@@ -41,6 +41,7 @@ from tests.unit.provisioning.releases import (
     now,
     owner,
     queue,
+    schedulable,
     with_pools,
 )
 
@@ -453,3 +454,41 @@ def test_two_jobsets_that_ran_on_each_others_pools_each_release_the_one_they_ran
     finish(kube, "b")
     assert release(gke, kube, b) == [pa.name]
     assert [m for m in events(kube, labels.REASON_RELEASED, "b") if f"released node pools {pa.name}" in m]
+
+
+def test_a_pool_another_release_is_stamping_is_held_for_the_queue_not_deleted(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # The handover bench's flake (#26): A and B ran on each other's pools and end a moment apart
+    # while C and D wait for the same shape. A's release keeps its pool idle for the queue; B's
+    # release, a second later, lists that pool RECONCILING (GKE still applies A's idle stamp),
+    # inherits it (B ran there last) and must hold it for the queue too. Deleted as if it could not
+    # serve, it was cordoned just as Kueue admitted C and D, and C's pods bought a third pool.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    b = tpu_jobset("b", "team-a", replicas=1)
+    [pa] = with_pools(gke, kube, a)
+    [pb] = with_pools(gke, kube, b)
+    for (namespace, name), pod in list(kube.pods.items()):
+        index = pod["spec"]["nodeName"].rsplit("-", 1)[1]
+        kube.bind(namespace, name, f"gke-c-{(pb if name.startswith('a-') else pa).name}-{index}")
+    queue(kube, "c")
+    queue(kube, "d")
+    finish(kube, "a", when=ago(1))
+    for pod in kube.pods.values():  # B's pods are done; its JobSet's Completed is still to come
+        if pod["metadata"]["labels"][labels.JOBSET_NAME] == "b":
+            pod["status"]["phase"] = "Succeeded"
+
+    assert release(gke, kube, a) == []
+    assert gke.pools[CLUSTER][pa.name].labels.get(labels.IDLE_SINCE)  # offered to the queue
+    gke.mark(CLUSTER, pa.name, "RECONCILING")  # GKE is still applying that stamp
+    finish(kube, "b", when=ago(1))
+
+    with pytest.raises(TransientError):  # B's takeover relabel must wait for GKE: redelivered
+        release(gke, kube, b)
+    gke.mark(CLUSTER, pa.name, "RUNNING")
+    assert release(gke, kube, b) == []
+
+    assert gke.count("delete") == 0
+    assert set(gke.managed_names(CLUSTER)) == {pa.name, pb.name}  # one for C, one for D
+    assert all(schedulable(kube, pool) for pool in (pa, pb))  # C's and D's pods can bind at once
+    assert owner(gke, pa) == ("b", b["metadata"]["uid"])  # B ran there last: its Events name it

@@ -256,6 +256,19 @@ OWN_DEMAND = Demand((pool_shape(POOL),), "team-a", "old", "u-old", "team-a/old w
             0,
             Decision(DELETE, GONE.why),
         ),
+        (
+            # Another delivery's relabel runs on it: its nodes still serve, so it is held the same.
+            NodePoolInfo(**{**POOL.__dict__, "status": "RECONCILING"}),
+            GONE,
+            [],
+            [SAME_SHAPE],
+            0,
+            Decision(
+                OFFER,
+                f"{GONE.why}; kept idle for team-a/queued w[0], which needs exactly this shape "
+                "(0s of the 120s handover window used)",
+            ),
+        ),
     ],
     ids=[
         "owner-needs-it",
@@ -269,6 +282,7 @@ OWN_DEMAND = Demand((pool_shape(POOL),), "team-a", "old", "u-old", "team-a/old w
         "other-shape-is-no-demand",
         "owner-is-not-its-own-taker",
         "error-pool-never-offered",
+        "reconciling-pool-offered",
     ],
 )
 def test_decide(
