@@ -55,18 +55,22 @@ def fleet_member(settings: Settings, wanted: str) -> Settings:
     return settings.for_cluster(matches[0])
 
 
-def fleet_clusters(settings: Settings) -> list[Settings]:
-    """The settings of every cluster the deployment serves, as its functions decide it: the
-    managed cluster, FLEET_CLUSTERS, then the clusters of FLEET_PROJECTS that GKE lists with
-    FLEET_LABEL now (the product's own ``FleetDirectory``; a project GKE cannot list is left out,
-    and said)."""
+def fleet_cluster_paths(settings: Settings) -> list[str]:
+    """The path of every cluster the deployment serves, as its functions decide it: the managed
+    cluster, FLEET_CLUSTERS, then the clusters of FLEET_PROJECTS that GKE lists with FLEET_LABEL
+    now (the product's own ``FleetDirectory``; a project GKE cannot list is left out, and said)."""
     from shared.app.discovery import FleetDirectory
 
     paths = list(settings.fleet_paths)
     if settings.fleet_projects:
         gke = GkeNodePoolAPI(endpoint=settings.gke_api_endpoint, access_token=settings.emulator_access_token)
         paths += [p for p in FleetDirectory(settings, lambda: gke).members() if p not in paths]
-    return [settings.for_cluster(path) for path in paths]
+    return paths
+
+
+def fleet_clusters(settings: Settings) -> list[Settings]:
+    """The settings of every cluster of :func:`fleet_cluster_paths`."""
+    return [settings.for_cluster(path) for path in fleet_cluster_paths(settings)]
 
 
 def settings_from(args: argparse.Namespace, narrow: bool = True) -> Settings:

@@ -6,8 +6,8 @@ pinned for it), and MANIFESTS_DIR holds the file. Here the files are the ones ``
 renders from each version's Go module (``build.MANIFESTS_DIR``), and ``ReleaseWiring`` starts the
 controller binary of whatever version the installed Deployment deploys.
 
-``MATRIX`` is what ``make test-matrix`` runs: each supported JobSet version and each supported
-Kueue version at least once (``shared.setup.support.SUPPORTED``). ``TPUPROV_MATRIX`` narrows it:
+``MATRIX`` is what ``make test-matrix`` runs: every supported JobSet version with every supported
+Kueue version (``shared.setup.support.SUPPORTED``) but the pinned pair. ``TPUPROV_MATRIX`` narrows it:
 a comma-separated list of pairs as ``str(Pair)`` spells them.
 """
 
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from sandbox.kube import build
 from sandbox.stack.config import StackConfig
 from shared.setup.manifests import file_sha256
+from shared.setup.support import SUPPORTED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +58,14 @@ class Pair:
 
 
 PINNED = Pair(build.pinned_release("jobset"), build.pinned_release("kueue"))
-# Every supported JobSet and Kueue version once, none of them with its pinned partner (the rest of
-# the suite runs the pinned pair): the oldest with the oldest, and so on.
-MATRIX = (
-    Pair("v0.10.1", "v0.17.1"),
-    Pair("v0.11.1", "v0.18.4"),
-    Pair("v0.12.0", "v0.19.2"),
+# Every pair of a supported JobSet and a supported Kueue version but the pinned one (the rest of the
+# suite runs that): a user's cluster may hold any of them together (xpk installs Kueue v0.17 beside
+# JobSet v0.11, a hand-made cluster anything), and one version's bug may show with one partner only.
+MATRIX = tuple(
+    Pair(jobset, kueue)
+    for jobset in SUPPORTED["jobset"].tested
+    for kueue in SUPPORTED["kueue"].tested
+    if Pair(jobset, kueue) != PINNED
 )
 
 

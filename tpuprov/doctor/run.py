@@ -48,7 +48,7 @@ def fleet_of(deployment: Deployment, settings: Settings) -> tuple[str, ...]:
     cluster, FLEET_CLUSTERS, then the clusters of FLEET_PROJECTS that GKE lists with FLEET_LABEL
     now); just ``settings``' cluster when the deployed settings cannot be read (the spending
     section says why)."""
-    from tpuprov.cluster import fleet_clusters
+    from tpuprov.cluster import fleet_cluster_paths
 
     try:
         deployed = Settings.from_env(deployment.function_env("provision"))
@@ -60,7 +60,7 @@ def fleet_of(deployment: Deployment, settings: Settings) -> tuple[str, ...]:
     listing = deployed.with_overrides(
         gke_api_endpoint=settings.gke_api_endpoint, emulator_access_token=settings.emulator_access_token
     )
-    return tuple(s.cluster_path for s in fleet_clusters(listing))
+    return tuple(fleet_cluster_paths(listing))
 
 
 def _named(checks: list[Check], cluster: str) -> list[Check]:

@@ -6,7 +6,9 @@ once), one ``RealStack`` whose ``setup_cluster`` installs that pair as an operat
 binaries built from its own Go module (``sandbox.kube.build``). Then the tutorial flow on the
 pending-pod path with its handovers (``sandbox.realstack.demo.run``), and the admission-check flow
 (``examples/kueue/tpu-slices-check.yaml``, as ``test_admission_flow``), whose JobSets start on all
-their slices without a pod ever waiting for one.
+their slices without a pod ever waiting for one. Then, on a stack of its own so that its counts are
+its own, the handover scenario (``sandbox.bench.handover``: same-shape JobSets through a queue that
+admits two at a time cost two pools).
 
 Opt-in (``TPUPROV_VERSION_MATRIX=1``, which ``make test-matrix`` sets): the first run builds four
 more controllers, which takes long on a 2-core machine (docs/sandbox.md).
@@ -20,10 +22,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from sandbox.bench import handover
 from sandbox.realstack import demo
 from sandbox.realstack.core import RealStack
 from sandbox.realstack.versions import Pair, matrix
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
+from sandbox.testing.stack import REAL_FAST
 from shared.app.deployment import RetryPolicy
 from shared.core import labels
 from shared.setup.manifests import VERSION_ANNOTATION
@@ -144,3 +148,20 @@ def test_the_admission_check_gives_every_jobset_all_its_slices_before_it_starts(
     summary = stack.summary()
     assert summary.pools_leaked == [] and summary.pods_killed == 0
     print(f"\nadmission-check flow: {time.monotonic() - started:.0f}s")
+
+
+def test_same_shape_jobsets_through_a_queue_hand_their_pools_on(pair: Pair) -> None:
+    # The bench's handover part (as tests/sandbox/test_bench.py judges it on the pinned pair): Kueue
+    # admits the next JobSet when one completes, and that version's JobSet controller brings its pods
+    # onto the pool the finished one leaves, so 4 JobSets cost the 2 pools the queue runs at once.
+    result = handover.run(
+        handover.HandoverShape(jobsets=4, run_seconds=4.0, timeout=180), pair.config(REAL_FAST)
+    )
+    print(result.timeline)  # pytest shows it when the test failed
+    assert result.problems == []
+    assert result.completed == 4
+    assert result.creates == result.pools_created == handover.CONCURRENT
+    assert result.pools_deleted == handover.CONCURRENT and result.pools_leaked == []
+    assert result.pods_killed == 0
+    assert [t.handed_over for t in result.timings] == [False, False, True, True]
+    print(f"\n{pair}: handover {result.seconds:.0f}s")
