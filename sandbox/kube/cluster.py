@@ -214,6 +214,17 @@ class RealCluster:
         proc = self.procs.get(component)
         return proc.tail(lines) if proc else ""
 
+    def log_lines(self, component: str, containing: str, limit: int = 10) -> list[str]:
+        """The last ``limit`` lines of a component's log that mention ``containing``."""
+        proc = self.procs.get(component)
+        if proc is None:
+            return []
+        try:
+            text = proc.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return [line[:400] for line in text.splitlines() if containing in line][-limit:]
+
     # -- components ----------------------------------------------------------------------------
 
     def start_process(self, name: str, argv: Sequence[str]) -> ManagedProcess:

@@ -73,3 +73,17 @@ def cluster_now(api: KubeClient) -> list[str]:
         *map(pod_line, found_pods),
         *map(jobset_line, found_jobsets),
     ]
+
+
+def bound_pending(api: KubeClient) -> list[str]:
+    """Pods bound to a Node but still Pending (``namespace/name``): the scheduler did its part, and
+    running them is KWOK's (a kubelet's) part."""
+    try:
+        found = api.list(PODS)
+    except (ApiError, OSError):
+        return []
+    return [
+        f"{p['metadata'].get('namespace')}/{p['metadata']['name']}"
+        for p in found
+        if (p.get("spec") or {}).get("nodeName") and (p.get("status") or {}).get("phase") == "Pending"
+    ]

@@ -169,5 +169,12 @@ class ClusterPlane:
         return self.pods.killed()
 
     def cluster_now(self) -> list[str]:
-        """``sandbox.kube.describe.cluster_now`` of this cluster."""
-        return describe.cluster_now(self.kube_cluster.client())
+        """``sandbox.kube.describe.cluster_now`` of this cluster; for a pod bound but still Pending,
+        what KWOK's log says about it (KWOK plays a kubelet here: nothing else would run the pod)."""
+        api = self.kube_cluster.client()
+        lines = describe.cluster_now(api)
+        for pod in describe.bound_pending(api)[:3]:
+            name = pod.rsplit("/", 1)[-1]
+            said = self.kube_cluster.log_lines("kwok", name, limit=8)
+            lines += [f"kwok on {pod}:", *(f"  {line}" for line in said or ["(nothing)"])]
+        return lines

@@ -56,7 +56,8 @@ class CheckResult:
     state: str
     why: str
     created: tuple[str, ...] = ()
-    # Every pool is RUNNING and only Nodes are not Ready yet: worth another look within seconds.
+    # Every pool is RUNNING and only Nodes are not Ready (or still not-ready tainted) yet: worth
+    # another look within seconds.
     waiting_for_nodes: bool = False
 
 

@@ -34,7 +34,7 @@ class SliceState:
     pool: str
     status: str = MISSING  # the pool's GKE status; MISSING when not listed
     nodes: int = 0  # VMs of the slice (the pool's node count)
-    nodes_ready: int = 0  # its Nodes registered and Ready
+    nodes_ready: int = 0  # its Nodes registered, Ready and free of the not-ready taint (Node.takes_pods)
     failed: str = ""  # GKE's reason when the slice's latest attempt failed
     retry_in: float = 0.0  # seconds until a failed slice may be tried again (0: now)
 

@@ -77,7 +77,7 @@ class SlicePools:
                 if nodes is None:
                     nodes = {}
                     for node in self.kube.list_nodes(MANAGED_NODES):
-                        if node.pool and node.ready:
+                        if node.pool and node.takes_pods:
                             nodes[node.pool] = nodes.get(node.pool, 0) + 1
                 ready = nodes.get(pool.name, 0)
             states.append(

@@ -224,8 +224,19 @@ def test_every_slice_is_requested_at_once_and_ready_only_when_nodes_are(gke: Fak
     for node in kube.nodes.values():  # registered, not Ready yet
         node["status"]["conditions"][0]["status"] = "False"
     assert checker.sweep()[0].state == "Pending"
+    # Ready, but the API server's not-ready taint is still on (the node lifecycle controller takes it
+    # off a moment later): the scheduler would refuse the pods, so the slices are not ready yet.
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
     for node in kube.nodes.values():
         node["status"]["conditions"][0]["status"] = "True"
+        node["spec"]["taints"] = [
+            {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"},
+            not_ready,
+        ]
+    assert checker.sweep()[0].state == "Pending"
+    assert state_of(kube, wl)["message"] == "pools ready 0/3"
+    for node in kube.nodes.values():
+        node["spec"]["taints"] = [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
     assert checker.sweep()[0].state == "Ready"
     ready = state_of(kube, wl)
     assert ready["message"] == "pools ready 3/3" and "podSetUpdates" not in ready
