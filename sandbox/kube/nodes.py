@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.emulators.gke.hooks import nodes_per_zone
+from sandbox.emulators.reservations import parse_value
 from sandbox.kube.api import ApiError, KubeClient
 from shared.core import labels
 from shared.tpu import catalog
@@ -47,10 +48,11 @@ def _reservation_labels(affinity: Mapping[str, Any]) -> dict[str, str]:
     values = [str(v) for v in affinity.get("values") or []]
     if affinity.get("consumeReservationType") != "SPECIFIC_RESERVATION" or not values:
         return {}
-    if values[0].startswith("projects/"):
-        parts = values[0].split("/")
-        return {labels.RESERVATION_NAME: parts[-1], labels.RESERVATION_PROJECT: parts[1]}
-    return {labels.RESERVATION_NAME: values[0]}
+    # A pool placed in a block or sub-block (NAME/reservationBlocks/B/...) consumes NAME all the same.
+    project, name, _, _ = parse_value(values[0], "")
+    if project:
+        return {labels.RESERVATION_NAME: name, labels.RESERVATION_PROJECT: project}
+    return {labels.RESERVATION_NAME: name}
 
 
 def _single_host_topology(accelerator: str, chips: int) -> str:
@@ -184,3 +186,16 @@ def ready(node: Mapping[str, Any]) -> bool:
     """Whether a Node's Ready condition is True."""
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+# The taints Kubernetes itself keeps on a Node that cannot take pods yet (well-known labels,
+# annotations and taints: node.kubernetes.io/*): the API server's NodeTaint admission puts
+# not-ready on every new Node, and the node lifecycle controller lifts it only on one of its
+# monitor passes after the kubelet (KWOK here) reports Ready.
+_LIFECYCLE_TAINT_PREFIX = "node.kubernetes.io/"
+
+
+def takes_pods(node: Mapping[str, Any]) -> bool:
+    """Ready, and none of Kubernetes' own lifecycle taints left: what the scheduler needs."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return ready(node) and not any(str(t.get("key", "")).startswith(_LIFECYCLE_TAINT_PREFIX) for t in taints)

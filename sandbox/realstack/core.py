@@ -97,7 +97,7 @@ class RealStack:
             ],
             op_delay=c.gke_op_delay,
         )
-        self.compute = ComputeEmulator()
+        self.compute = ComputeEmulator(reservations=self.gke.capacity.reservations)
         self.iam = Iam.for_functions(role_map, c.project)
         self.iam.grant(self.iam.principal_of(OPERATOR), ("container.*", "compute.*"))
         self.pubsub = PubsubEmulator(c.project)

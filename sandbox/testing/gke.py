@@ -36,6 +36,7 @@ def make_pool(
     policy_name: str = "",
     autoscaling: bool = False,
     reservation_key: str = "",
+    reservation: str = "res-1",
     spot: bool = False,
     disk_type: str = "",
     auto_upgrade: bool = True,
@@ -80,7 +81,7 @@ def make_pool(
         pool.config.reservation_affinity = gke.ReservationAffinity(
             consume_reservation_type=gke.ReservationAffinity.Type.SPECIFIC_RESERVATION,
             key=reservation_key,
-            values=["res-1"],
+            values=[reservation],
         )
     return pool
 

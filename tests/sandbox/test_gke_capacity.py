@@ -134,7 +134,7 @@ def test_quota_is_checked_at_admission(
 
 
 def test_reservation_is_found_by_name_and_zone_and_is_consumed(model: CapacityModel) -> None:
-    model.add_reservation("res-a", ZONE_A, 16)
+    model.add_reservation("res-a", ZONE_A, 4, "ct5lp-hightpu-4t")
     with pytest.raises(ApiError) as wrong_zone:
         model.admit("b", demand(RESERVATION, zones=(ZONE_B,), reservation="res-a", pool="pool-b"))
     assert (wrong_zone.value.code, wrong_zone.value.message) == (
@@ -159,10 +159,16 @@ def test_reservation_is_found_by_name_and_zone_and_is_consumed(model: CapacityMo
 
 
 def test_shared_reservation_is_matched_on_its_project(model: CapacityModel) -> None:
-    model.add_reservation("shared", ZONE_A, 16, project="owner")
+    model.add_reservation("shared", ZONE_A, 4, "ct5lp-hightpu-4t", project="owner", shared_with=("proj",))
     model.admit("ok", demand(RESERVATION, reservation="projects/owner/reservations/shared"))
     with pytest.raises(ApiError, match="not found"):
         model.admit("bad", demand(RESERVATION, reservation="projects/someone/reservations/shared"))
+
+
+def test_a_reservation_not_shared_with_the_project_is_not_found_from_it(model: CapacityModel) -> None:
+    model.add_reservation("theirs", ZONE_A, 4, "ct5lp-hightpu-4t", project="owner", shared_with=("other",))
+    with pytest.raises(ApiError, match='reservation "projects/owner/reservations/theirs" not found'):
+        model.admit("x", demand(RESERVATION, reservation="projects/owner/reservations/theirs"))
 
 
 def test_flex_start_waits_then_gets_the_whole_slice_at_once(model: CapacityModel) -> None:

@@ -154,12 +154,12 @@ def test_quota_refusal_is_a_synchronous_403_with_gke_text(gke: GkeEmulator, api:
 def test_reservation_is_consumed_and_refusals_are_synchronous(
     gke: GkeEmulator, api: GkeNodePoolAPI, clock: FakeClock
 ) -> None:
-    gke.add_reservation("res-a", ZONE_A, 16)
+    gke.add_reservation("res-a", ZONE_A, 4, "ct5lp-hightpu-4t")
     gke.set_capacity(ZONE_A, "on-demand", 0)
     api.create_node_pool(CLUSTER, spec("reserved", reservation="res-a"), why="test")
     finish(gke, clock)
     assert status(api, "reserved") == ("RUNNING", "")
-    assert gke.capacity_report()["reservations"]["res-a"]["used"] == 16
+    assert gke.capacity_report()["reservations"]["res-a"]["used"] == 4
     # Compute's answers about a specific reservation (a 429 full, a 404 missing in the zone) are the
     # attempt's capacity too.
     with pytest.raises(CapacityUnavailableError, match="Reservation does not have enough resources"):

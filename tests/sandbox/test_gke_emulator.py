@@ -71,6 +71,11 @@ REJECTED = [
     ("multi-host-two-zones", {"locations": (ZONE, "us-central2-c")}, "exactly one zone"),
     ("topology-on-cpu-pool", {"machine_type": "e2-standard-4", "nodes": 2, "topology": "2x2"}, "only for"),
     ("bad-reservation-key", {"nodes": 1, "topology": "", "reservation_key": "res"}, "reservation-name"),
+    (
+        "reservation-value-not-a-reservation",
+        {"reservation_key": "compute.googleapis.com/reservation-name", "reservation": "res/blocks/b1"},
+        "is not a reservation",
+    ),
     # The rules of issue 12, each with GKE's (or Compute's) own wording where it could be found.
     (
         "auto-upgrade-off-on-release-channel",
@@ -131,6 +136,14 @@ ACCEPTED = [
     ("cpu-pool", {"machine_type": "e2-standard-4", "nodes": 3, "topology": ""}),
     ("name-40-chars", {"name": "p" + "-0" * 19 + "z"}),
     ("good-reservation", {"reservation_key": "compute.googleapis.com/reservation-name"}),
+    (
+        "reservation-sub-block",
+        {
+            "reservation_key": "compute.googleapis.com/reservation-name",
+            "reservation": "projects/owner-proj/reservations/res/reservationBlocks/b1"
+            "/reservationSubBlocks/s1",
+        },
+    ),
     (
         "v6e-hyperdisk",
         {"machine_type": "ct6e-standard-4t", "topology": "4x4", "disk_type": "hyperdisk-balanced"},

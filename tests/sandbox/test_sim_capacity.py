@@ -85,7 +85,7 @@ def test_quota_refusal_is_raised_like_the_adapter_raises_a_403(capacity: Capacit
 
 
 def test_unknown_reservation_is_not_found(capacity: CapacityModel, gke: SimGke) -> None:
-    capacity.add_reservation("res-a", ZONE_A, 16)
+    capacity.add_reservation("res-a", ZONE_A, 4, "ct5lp-hightpu-4t")
     with pytest.raises(CapacityUnavailableError, match="not found for node pool"):
         gke.create_node_pool(CLUSTER, spec("r", ZONE_B, reservation="res-a"), why="test")
 

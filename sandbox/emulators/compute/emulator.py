@@ -1,4 +1,5 @@
-"""A local, stateful emulator of the Compute Engine REST calls the product makes for workload policies.
+"""A local, stateful emulator of the Compute Engine REST calls the product makes: workload policies
+and the reads of reservations, their blocks and sub-blocks.
 
 It answers the real ``google.cloud.compute_v1`` clients (REST, ``http://`` endpoint, anonymous
 credentials) on 127.0.0.1, at the URIs of google-cloud-compute 1.57.0's REST transports:
@@ -6,6 +7,12 @@ credentials) on 127.0.0.1, at the URIs of google-cloud-compute 1.57.0's REST tra
 * ``POST /compute/v1/projects/{project}/regions/{region}/resourcePolicies`` (insert; answers an Operation)
 * ``GET  /compute/v1/projects/{project}/regions/{region}/resourcePolicies/{name}``
 * ``GET  /compute/v1/projects/{project}/regions/{region}/operations/{operation}``
+* ``GET  /compute/v1/projects/{project}/zones/{zone}/reservations/{reservation}``
+* ``GET  .../zones/{zone}/reservations/{reservation}/reservationBlocks`` (list)
+* ``GET  .../zones/{zone}/reservations/{reservation}/reservationBlocks/{block}/reservationSubBlocks``
+
+Reservations come from a ``ReservationBook`` (``sandbox.emulators.reservations``), the one the GKE
+emulator consumes when it admits a pool, so what Compute reports is what GKE will grant.
 
 Errors use Compute's ``{"error": {"code", "message", "errors": [{"reason", ...}]}}`` shape, so the
 client raises the same ``google.api_core`` exceptions it raises against Compute. In-process::
@@ -30,23 +37,37 @@ from typing import Any
 
 from sandbox.emulators.compute.state import ComputeError, ComputeState
 from sandbox.emulators.iam import UNAUTHENTICATED, Iam
+from sandbox.emulators.reservations import ReservationBook
 from sandbox.emulators.serving import BackgroundServer, request_body, request_path, route
 
 __all__ = ["KINDS", "ComputeEmulator", "main"]
 
 _log = logging.getLogger("sandbox.compute")
 _REGION = r"^/compute/v1/projects/([^/]+)/regions/([^/]+)"
+_RESERVATION = r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/reservations/([^/]+)"
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     ("POST", re.compile(rf"{_REGION}/resourcePolicies$"), "insert"),
     ("GET", re.compile(rf"{_REGION}/resourcePolicies/([^/]+)$"), "get"),
     ("GET", re.compile(rf"{_REGION}/operations/([^/]+)$"), "get_operation"),
+    ("GET", re.compile(rf"{_RESERVATION}$"), "get_reservation"),
+    ("GET", re.compile(rf"{_RESERVATION}/reservationBlocks$"), "list_blocks"),
+    (
+        "GET",
+        re.compile(rf"{_RESERVATION}/reservationBlocks/([^/]+)/reservationSubBlocks$"),
+        "list_sub_blocks",
+    ),
 ]
 KINDS = tuple(kind for _, _, kind in _ROUTES)
-# What Compute Engine checks per method (its IAM reference for resourcePolicies and regionOperations).
+# What Compute Engine checks per method (its IAM reference for resourcePolicies and regionOperations;
+# for reservations, "Manage host maintenance across reservations", Required permissions), in the
+# project the path names: a shared reservation is read in the project that owns it.
 PERMISSIONS = {
     "insert": "compute.resourcePolicies.create",
     "get": "compute.resourcePolicies.get",
     "get_operation": "compute.regionOperations.get",
+    "get_reservation": "compute.reservations.get",
+    "list_blocks": "compute.reservationBlocks.list",
+    "list_sub_blocks": "compute.reservationSubBlocks.list",
 }
 
 
@@ -83,8 +104,16 @@ class _Handler(BaseHTTPRequestHandler):
 class ComputeEmulator:
     """HTTP front end, state and the inspection API tests use."""
 
-    def __init__(self, op_delay: float = 0.0, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        op_delay: float = 0.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        reservations: ReservationBook | None = None,
+    ) -> None:
         self.state = ComputeState(op_delay=op_delay)
+        # The GKE emulator's (``GkeEmulator.capacity.reservations``) when both serve one sandbox.
+        self.reservations = reservations or ReservationBook()
         self._host, self._port = host, port
         self._serving: BackgroundServer | None = None
         self._calls: Counter[str] = Counter()
@@ -201,6 +230,8 @@ class ComputeEmulator:
             raise ComputeError(403, "forbidden", f"Required '{permission}' permission for '{resource}'")
 
     def _dispatch(self, kind: str, args: tuple[str, ...], body: bytes) -> dict[str, Any]:
+        if kind in ("get_reservation", "list_blocks", "list_sub_blocks"):
+            return self._reservation(kind, args)
         if kind == "get":
             return self.state.get_policy(*args)
         if kind == "get_operation":
@@ -214,6 +245,33 @@ class ComputeEmulator:
         if not isinstance(resource, dict):
             raise ComputeError(400, "invalid", "Invalid JSON payload received.")
         return self.state.insert_policy(args[0], args[1], resource)
+
+    def _reservation(self, kind: str, args: tuple[str, ...]) -> dict[str, Any]:
+        project, zone, name = args[:3]
+        book = self.reservations
+        found: Any
+        if kind == "get_reservation":
+            found = book.reservation_json(project, zone, name)
+        elif kind == "list_blocks":
+            items = book.blocks_json(project, zone, name)
+            found = (
+                None if items is None else {"kind": "compute#reservationBlocksListResponse", "items": items}
+            )
+        else:
+            items = book.sub_blocks_json(project, zone, name, args[3])
+            found = (
+                None
+                if items is None
+                else {"kind": "compute#reservationSubBlocksListResponse", "items": items}
+            )
+        if found is None:
+            # Compute's 404 for a missing resource (the shape its resourcePolicies answers use).
+            what = f"projects/{project}/zones/{zone}/reservations/{name}"
+            if kind == "list_sub_blocks":
+                what += f"/reservationBlocks/{args[3]}"
+            raise ComputeError(404, "notFound", f"The resource '{what}' was not found")
+        result: dict[str, Any] = found
+        return result
 
 
 def main(argv: list[str] | None = None) -> int:

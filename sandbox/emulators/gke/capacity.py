@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandbox.emulators.gke.rules import ApiError
+from sandbox.emulators.reservations import Block, ReservationBook
 
 ON_DEMAND, SPOT, FLEX_START, RESERVATION = "on-demand", "spot", "flex-start", "reservation"
 KINDS = (ON_DEMAND, SPOT, FLEX_START)
@@ -62,16 +63,6 @@ QUOTA = (
     "'{need:.1f}' and is short '{short:.1f}'. project has a quota of '{limit:.1f}' with "
     "'{available:.1f}' available. View and manage quotas at "
     "https://console.cloud.google.com/iam-admin/quotas?usage=USED&project={project}."
-)
-# Compute's answers about a specific reservation at node-pool create (quoted in
-# GoogleCloudPlatform/cluster-toolkit PR 5043 and GoogleCloudPlatform/gsutil issue 1000).
-RESERVATION_NOT_FOUND = (
-    'Google Compute Engine: reservation "{reservation}" not found for node pool "{pool}" at zone "{zone}".'
-)
-RESERVATION_SHORT = (
-    "Reservation does not have enough resources for the request: specific reservation "
-    '"{reservation}" is insufficient for node pool "{pool}" at zone "{zone}": required {need} and '
-    "short of {short} VM count of machine type {machine_type}."
 )
 # Compute Engine regional quota metrics per TPU generation: (on-demand, preemptible). The v5e names
 # are the ones `gcloud compute regions describe` lists; the others were not found in the docs (v6e
@@ -140,28 +131,23 @@ class CapacityEvent:
 
 
 @dataclasses.dataclass
-class _Reservation:
-    name: str
-    zone: str
-    chips: int
-    project: str
-
-
-@dataclasses.dataclass
 class _Holding:
     demand: Demand
     state: str  # "pending" (create running), "waiting" (flex-start, no nodes), "held"
-    reservation: _Reservation | None = None
+    reserved: bool = False  # holds a share of a reservation of the book
 
 
 class CapacityModel:
     """Supply, reservations, quota and the pools holding them; every method is thread-safe."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, reservations: ReservationBook | None = None
+    ) -> None:
         self._lock = threading.RLock()
         self._clock = clock
         self._steps: dict[tuple[str, str], list[tuple[float, int | None]]] = {}
-        self._reservations: list[_Reservation] = []
+        # Reservations, shared with the Compute emulator that reports them (emulators.reservations).
+        self.reservations = reservations or ReservationBook()
         self._quota: dict[tuple[str, str], int] = {}  # (region, metric) -> chips
         self._holdings: dict[str, _Holding] = {}
         self.events: list[CapacityEvent] = []
@@ -188,13 +174,19 @@ class CapacityModel:
             now = self._clock()
             self._steps[(zone, kind)] = sorted((now + at, chips) for at, chips in steps)
 
-    def add_reservation(self, name: str, zone: str, chips: int, project: str = "") -> None:
-        """A specific reservation of ``chips`` chips in ``zone`` (``project`` "": the pools' own)."""
-        if chips < 0:
-            raise ValueError("reservation chips must be >= 0")
-        with self._lock:
-            self._reservations = [r for r in self._reservations if (r.name, r.project) != (name, project)]
-            self._reservations.append(_Reservation(name, zone, chips, project))
+    def add_reservation(
+        self,
+        name: str,
+        zone: str,
+        vms: int,
+        machine_type: str = "",
+        project: str = "",
+        blocks: list[Block] | None = None,
+        shared_with: tuple[str, ...] = (),
+    ) -> None:
+        """A specific reservation of ``vms`` VMs of ``machine_type`` in ``zone`` (``project`` "":
+        the pools' own; ``blocks``: a dense one), in the book Compute's emulator reports."""
+        self.reservations.add(name, zone, vms, machine_type, project, blocks, shared_with)
 
     def set_quota(self, region: str, generation: str, chips: int | None, preemptible: bool = False) -> None:
         """Regional Compute quota for a TPU generation's chips (None: unlimited, the default)."""
@@ -253,9 +245,7 @@ class CapacityModel:
                     for zone in zones
                     for kind in KINDS
                 },
-                "reservations": {
-                    r.name: {**dataclasses.asdict(r), "used": self._reserved(r)} for r in self._reservations
-                },
+                "reservations": self.reservations.report(),
                 "quota": {
                     f"{region}/{metric}": {"limit": limit, "used": self._quota_used(region, metric)}
                     for (region, metric), limit in self._quota.items()
@@ -271,12 +261,12 @@ class CapacityModel:
     def admit(self, key: str, demand: Demand) -> None:
         """Check a create at request time; raises ``ApiError`` (404/429 reservation, 403 quota)."""
         with self._lock:
-            reservation = None
+            reserved = False
             if demand.kind == RESERVATION:
-                reservation = self._admit_reservation(key, demand)
+                reserved = self._admit_reservation(key, demand)
             else:
                 self._admit_quota(key, demand)
-            self._holdings[key] = _Holding(demand, "pending", reservation)
+            self._holdings[key] = _Holding(demand, "pending", reserved)
             self._event(key, "accepted", demand)
 
     def settle(self, key: str) -> str | None:
@@ -297,6 +287,8 @@ class CapacityModel:
                 self._event(key, "stockout", demand)
                 return STOCKOUT.format(zone=short)
             holding.state = "held"
+            if holding.reserved:
+                self.reservations.start(key)
             self._event(key, "running", demand)
             return None
 
@@ -322,6 +314,7 @@ class CapacityModel:
         """The pool is gone (deleted, or its create failed): everything it held goes back."""
         with self._lock:
             holding = self._holdings.pop(key, None)
+            self.reservations.release(key)
             if holding is not None:
                 self._event(key, "released", holding.demand)
 
@@ -337,37 +330,23 @@ class CapacityModel:
         free = self.free(zone, demand.kind)
         return free is None or free >= demand.chips_per_zone
 
-    def _reserved(self, reservation: _Reservation) -> int:
-        return sum(h.demand.chips_per_zone for h in self._holdings.values() if h.reservation is reservation)
-
-    def _admit_reservation(self, key: str, demand: Demand) -> _Reservation | None:
-        if not self._reservations:
-            return None  # no reservation configured: every one exists and is large enough
-        project, name = demand.project, demand.reservation
-        if name.startswith("projects/"):  # a shared reservation: projects/P/reservations/NAME
-            parts = name.split("/")
-            project, name = (parts[1], parts[3]) if len(parts) == 4 else (project, name)
-        zone = demand.zones[0] if demand.zones else ""
-        found = next(
-            (
-                r
-                for r in self._reservations
-                if r.name == name and r.zone == zone and r.project in ("", project)
-            ),
-            None,
-        )
-        fields = {"reservation": demand.reservation, "pool": demand.pool, "zone": zone}
-        if found is None or len(demand.zones) != 1:
-            self._event(key, "refused-reservation", demand)
-            raise ApiError(404, "NOT_FOUND", RESERVATION_NOT_FOUND.format(**fields))
-        free_vms = max(0, found.chips - self._reserved(found)) // max(1, demand.chips_per_vm)
-        if free_vms < demand.vms:
-            self._event(key, "refused-reservation", demand)
-            message = RESERVATION_SHORT.format(
-                **fields, need=demand.vms, short=demand.vms - free_vms, machine_type=demand.machine_type
+    def _admit_reservation(self, key: str, demand: Demand) -> bool:
+        if not self.reservations.configured():
+            return False  # no reservation configured: every one exists and is large enough
+        try:
+            self.reservations.consume(
+                key,
+                demand.reservation,
+                demand.project,
+                demand.zones,
+                demand.vms,
+                demand.machine_type,
+                demand.pool,
             )
-            raise ApiError(429, "RESOURCE_EXHAUSTED", message)
-        return found
+        except ApiError:
+            self._event(key, "refused-reservation", demand)
+            raise
+        return True
 
     def _quota_used(self, region: str, metric: str) -> int:
         return sum(

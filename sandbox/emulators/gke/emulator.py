@@ -44,6 +44,7 @@ from sandbox.emulators.gke.state import ClusterSeed, GkeState
 from sandbox.emulators.gke.timing import Duration, InFlight, Latency, as_draw
 from sandbox.emulators.gke.wire import ROUTES, Call, Handler, Server, summarize
 from sandbox.emulators.iam import UNAUTHENTICATED, Iam, gke_denial
+from sandbox.emulators.reservations import Block
 from sandbox.emulators.serving import BackgroundServer, request_body, request_path
 from sandbox.emulators.serving import route as match_route
 
@@ -219,9 +220,20 @@ class GkeEmulator:
         """Capacity of ``kind`` in ``zone`` as ``(seconds from now, chips or None)`` steps."""
         self.capacity.schedule(zone, kind, steps)
 
-    def add_reservation(self, name: str, zone: str, chips: int, project: str = "") -> None:
-        """A specific reservation of ``chips`` TPU chips in ``zone`` (project "": the cluster's)."""
-        self.capacity.add_reservation(name, zone, chips, project)
+    def add_reservation(
+        self,
+        name: str,
+        zone: str,
+        vms: int,
+        machine_type: str = "",
+        project: str = "",
+        blocks: list[Block] | None = None,
+        shared_with: tuple[str, ...] = (),
+    ) -> None:
+        """A specific reservation of ``vms`` VMs of ``machine_type`` in ``zone`` (project "": the
+        cluster's; ``blocks``: a dense one; ``shared_with``: the other projects that may consume it).
+        Hand ``capacity.reservations`` to the Compute emulator so that it reports the same book."""
+        self.capacity.add_reservation(name, zone, vms, machine_type, project, blocks, shared_with)
 
     def set_quota(self, region: str, generation: str, chips: int | None, preemptible: bool = False) -> None:
         """Regional Compute quota in TPU chips for ``generation`` ("v5e", "v6e"...; None: unlimited)."""

@@ -123,6 +123,14 @@ def _check_locations(pool: Any, cluster_location: str) -> None:
             raise invalid(f"Node location {zone!r} is not a zone of the cluster's region {region!r}.")
 
 
+# A reservation, optionally another project's, optionally one of its blocks and a sub-block of it.
+_RESERVATION_VALUE = re.compile(
+    r"^(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+    r"(/reservationBlocks/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+    r"(/reservationSubBlocks/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?)?$"
+)
+
+
 def _check_reservation(config: Any) -> None:
     affinity = config.reservation_affinity
     if affinity.consume_reservation_type != RESERVATION_SPECIFIC:
@@ -131,6 +139,15 @@ def _check_reservation(config: Any) -> None:
         raise invalid(f"Specific reservation affinity needs key {RESERVATION_KEY!r}, got {affinity.key!r}.")
     if not list(affinity.values) or not all(affinity.values):
         raise invalid("Specific reservation affinity needs exactly one reservation name in values.")
+    for value in affinity.values:
+        if not _RESERVATION_VALUE.match(value):
+            # The forms gcloud's --reservation takes (AI Hypercomputer GKE guides); the refusal's
+            # real text was not found, so it is worded in GKE's style.
+            raise invalid(
+                f"Reservation affinity value {value!r} is not a reservation: use NAME, "
+                "NAME/reservationBlocks/BLOCK[/reservationSubBlocks/SUB_BLOCK], or the same after "
+                "projects/PROJECT/reservations/."
+            )
 
 
 def _check_tpu(pool: Any, machine_type: str, tpu: TpuMachine) -> None:
