@@ -28,6 +28,18 @@ locals {
   # A cluster labelled into the fleet later cannot be named in a condition now: with project_id
   # among fleet_projects, the functions' GKE grants there hold on every cluster of the project.
   discovers_here = contains(var.fleet_projects, var.project_id)
+
+  # The Compute Engine reads of a reservation before a create on it (ReservationAPI.get_reservation
+  # in shared/cloud/permissions.py), checked in the project that owns the reservation.
+  reservation_reads = [for permission in local.custom_role_permissions["provision"] : permission if startswith(permission, "compute.reservation")]
+
+  # The owner projects that hold no copy of the functions' whole roles yet.
+  reservation_owners = setsubtract(toset(var.reservation_projects), concat([var.project_id], var.fleet_projects))
+
+  reservation_readers = {
+    for pair in setproduct(sort(local.reservation_owners), local.node_pool_creators) :
+    "${pair[0]}/${pair[1]}" => { project = pair[0], function = pair[1] }
+  }
 }
 
 # The conditions that keep each grant on the managed cluster (modules/cluster_condition says how far
@@ -106,6 +118,26 @@ resource "google_project_iam_member" "fleet_function" {
 
   project = each.value.project
   role    = google_project_iam_custom_role.fleet_function[each.key].id
+  member  = "serviceAccount:${google_service_account.runtime[each.value.function].email}"
+}
+
+# Reading a shared reservation before buying on it: a role with only those reads in its owner
+# project, for the two functions that create pools.
+resource "google_project_iam_custom_role" "reservation_reader" {
+  for_each = local.reservation_owners
+
+  project     = each.value
+  role_id     = "${replace(var.topic_prefix, "-", "_")}_reservation_reader"
+  title       = "tpu-provisioner reservation reader"
+  description = "Reads the reservations shared with tpu-provisioner's clusters, their blocks and sub-blocks."
+  permissions = local.reservation_reads
+}
+
+resource "google_project_iam_member" "reservation_reader" {
+  for_each = local.reservation_readers
+
+  project = each.value.project
+  role    = google_project_iam_custom_role.reservation_reader[each.value.project].id
   member  = "serviceAccount:${google_service_account.runtime[each.value.function].email}"
 }
 

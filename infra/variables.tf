@@ -243,6 +243,17 @@ variable "fleet_projects" {
   }
 }
 
+variable "reservation_projects" {
+  type        = list(string)
+  description = "Projects that own reservations shared with this deployment's clusters (capacity options reservation:projects/P/reservations/NAME). provision and reconcile read such a reservation, its blocks and sub-blocks before buying on it, and Compute Engine checks those reads in the owner project: each listed project gets a custom role with exactly them, bound to those two functions. Fleet projects and project_id already hold them."
+  default     = []
+
+  validation {
+    condition     = alltrue([for project in var.reservation_projects : can(regex("^[a-z][-a-z0-9]{4,28}[a-z0-9]$", project))])
+    error_message = "reservation_projects are project ids (6 to 30 lower-case letters, digits and hyphens, starting with a letter)."
+  }
+}
+
 variable "fleet_label" {
   type        = string
   description = "The GKE resource label KEY=VALUE that puts a cluster of fleet_projects in the fleet (FLEET_LABEL)."

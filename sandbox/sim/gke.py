@@ -217,7 +217,8 @@ class SimGke:
             tpu_topology=spec.placement.tpu_topology if spec.placement else "",
             placement_policy=spec.placement.policy_name if spec.placement else "",
             spot=spec.spot,
-            reservation=spec.reservation.value if spec.reservation else "",
+            reservation=spec.reservation.base if spec.reservation else "",
+            reservation_place=spec.reservation.place if spec.reservation else "",
             flex_start=spec.flex_start,
         )
 

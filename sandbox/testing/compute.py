@@ -1,7 +1,8 @@
-"""A stateful fake of ``WorkloadPolicyAPI`` speaking Compute's error vocabulary, and its pytest fixtures.
+"""Stateful fakes of ``WorkloadPolicyAPI`` and ``ReservationAPI`` speaking Compute's error
+vocabulary, and their pytest fixtures.
 
-Service-level tests use ``FakeWorkloadPolicies``; wire-level tests use the HTTP emulator
-(``sandbox.emulators.compute``) through the ``compute_emulator`` fixture.
+Service-level tests use ``FakeWorkloadPolicies`` and ``FakeReservations``; wire-level tests use the
+HTTP emulator (``sandbox.emulators.compute``) through the ``compute_emulator`` fixture.
 """
 
 from __future__ import annotations
@@ -11,8 +12,15 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox.emulators.compute.emulator import ComputeEmulator
-from shared.core.errors import AlreadyExistsError, NotFoundError, RejectedError, TransientError
+from shared.core.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    PermissionDeniedError,
+    RejectedError,
+    TransientError,
+)
 from shared.tpu.nodepools import WorkloadPolicyInfo
+from shared.tpu.reservations import ReservationView
 
 
 class FakeWorkloadPolicies:
@@ -70,6 +78,36 @@ class FakeWorkloadPolicies:
         self.policies[(project, region, name)] = WorkloadPolicyInfo(
             name, region, "HIGH_THROUGHPUT", accelerator_topology, "READY"
         )
+
+
+class FakeReservations:
+    """Reservations in a dict by (project, zone, name); ``deny(project)`` refuses reads in a project
+    as Compute does without ``compute.reservations.get`` there."""
+
+    def __init__(self) -> None:
+        self.reservations: dict[tuple[str, str, str], ReservationView] = {}
+        self.calls: list[str] = []  # the paths read
+        self._denied: set[str] = set()
+
+    def add(self, view: ReservationView) -> None:
+        """Seed (or replace) a reservation."""
+        self.reservations[(view.project, view.zone, view.name)] = view
+
+    def deny(self, project: str) -> None:
+        """Reads of reservations of ``project`` meet Compute's 403."""
+        self._denied.add(project)
+
+    def get_reservation(self, project: str, zone: str, name: str) -> ReservationView:
+        """One reservation; NotFoundError and PermissionDeniedError in Compute's words."""
+        path = f"projects/{project}/zones/{zone}/reservations/{name}"
+        self.calls.append(path)
+        if project in self._denied:
+            permission = "compute.reservations.get"
+            raise PermissionDeniedError(f"Required '{permission}' permission for '{path}'", permission)
+        view = self.reservations.get((project, zone, name))
+        if view is None:
+            raise NotFoundError(f"The resource '{path}' was not found")
+        return view
 
 
 @pytest.fixture

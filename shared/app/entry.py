@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import flask
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
-from shared.cloud.permissions import denied_permission
+from shared.cloud.permissions import denied_permission, denied_project
 from shared.core import logs
 from shared.core.errors import InvalidInputError, PermanentError, PermissionDeniedError, TransientError
 from shared.core.settings import Settings
@@ -28,7 +28,7 @@ from shared.tpu import capacity
 if TYPE_CHECKING:  # the adapters import the Google and Kubernetes clients; they are built on first use
     from shared.app.discovery import FleetDirectory
     from shared.cloud.kube import KubeClient
-    from shared.cloud.ports import KubeAPI, NodePoolAPI, WorkloadPolicyAPI
+    from shared.cloud.ports import KubeAPI, NodePoolAPI, ReservationAPI, WorkloadPolicyAPI
 
 log = logs.get("entry")
 
@@ -165,6 +165,21 @@ class Runtime:
         compute: WorkloadPolicyAPI = self._cached("compute", build)
         return compute
 
+    def reservations(self) -> ReservationAPI:
+        """The Compute Engine reservation reader (``shared.cloud.reservations.ComputeReservationAPI``)."""
+        if self._fleet is not None:
+            return self._fleet.reservations()
+
+        def build() -> ReservationAPI:
+            from shared.cloud.reservations import ComputeReservationAPI
+
+            return ComputeReservationAPI(
+                endpoint=self.settings.compute_api_endpoint, access_token=self.settings.emulator_access_token
+            )
+
+        api: ReservationAPI = self._cached("reservations", build)
+        return api
+
     def kube(self) -> KubeAPI:
         """The Kubernetes adapter (``shared.cloud.kube.KubeClient``) for the managed cluster."""
         return self._kube_client()
@@ -268,14 +283,28 @@ def handle(function: str, cloud_event: Any, action: Callable[[], Any]) -> None:
             if permission:
                 # Not weather: said once per delivery with the grant that fixes it; the message is
                 # still redelivered, so nothing is lost once the role holds the permission.
+                project = denied_project(exc.why)
+                home = _runtime.settings.project_id if _runtime is not None else ""
+                if project and home and project != home:
+                    # Custom roles are per project: another project holds no copy until infra makes one.
+                    fix = (
+                        f"the {function} function holds no role with {permission} in project {project}; "
+                        "list it in infra's fleet_projects (its clusters) or reservation_projects (its "
+                        "shared reservations) and apply."
+                    )
+                else:
+                    fix = (
+                        f"the {function} function's role lacks {permission}; add it to "
+                        f'"{function}" in infra/roles.json and apply.'
+                    )
                 logs.decision(
                     log,
                     "permission.denied",
-                    f"will be redelivered: the {function} function's role lacks {permission}; add it to "
-                    f'"{function}" in infra/roles.json and apply. {exc.why}',
+                    f"will be redelivered: {fix} {exc.why}",
                     logging.ERROR,
                     permission=permission,
                     role=function,
+                    project=project or home,
                 )
             else:
                 logs.decision(log, "delivery.retry", f"will be redelivered: {exc.why}", logging.ERROR)

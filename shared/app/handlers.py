@@ -20,6 +20,7 @@ from shared.events import envelope as events
 from shared.provisioning.admission.check import AdmissionChecker
 from shared.provisioning.create.known import KNOWN_POOL_TTL_SECONDS
 from shared.provisioning.create.policies import WorkloadPolicies
+from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.outcomes import CREATED, SKIPPED, Outcome
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
@@ -86,13 +87,23 @@ def policies(runtime: Runtime) -> WorkloadPolicies:
     return runtime.service("policies", lambda rt: WorkloadPolicies(rt.settings, rt.compute()))
 
 
+def reservation_look(runtime: Runtime) -> ReservationLook:
+    """The instance's look at reservations before buying (built once; its Compute client on first need)."""
+    return runtime.service("reservations", lambda rt: ReservationLook(rt.settings, rt.reservations()))
+
+
 def services(runtime: Runtime) -> Services:
     """The instance's shared services, built once and handed to every orchestrator below (one
     account of GKE's slots and request quota, one backoff, fallback and releaser)."""
     return runtime.service(
         "services",
         lambda rt: Services(
-            rt.settings, rt.gke(), rt.kube(), known_pool_ttl=KNOWN_POOL_TTL_SECONDS, policies=policies(rt)
+            rt.settings,
+            rt.gke(),
+            rt.kube(),
+            known_pool_ttl=KNOWN_POOL_TTL_SECONDS,
+            policies=policies(rt),
+            reservations=reservation_look(rt),
         ),
     )
 

@@ -21,6 +21,7 @@ from shared.tpu.nodepools import (
     NodePoolInfo,
     NodePoolSpec,
     OperationInfo,
+    parse_reservation,
 )
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -107,6 +108,8 @@ def spec_to_node_pool(spec: NodePoolSpec) -> Any:
 
 def node_pool_to_info(pool: Any) -> NodePoolInfo:
     """Read the fields the product cares about off a ``container_v1.NodePool``."""
+    affinity = next(iter(pool.config.reservation_affinity.values), "")
+    reserved = parse_reservation(affinity) if affinity else None
     return NodePoolInfo(
         name=pool.name,
         status=_enum_name(pool.status),
@@ -123,7 +126,8 @@ def node_pool_to_info(pool: Any) -> NodePoolInfo:
         tpu_topology=pool.placement_policy.tpu_topology,
         placement_policy=pool.placement_policy.policy_name,
         spot=bool(pool.config.spot),
-        reservation=next(iter(pool.config.reservation_affinity.values), ""),
+        reservation=reserved.base if reserved else "",
+        reservation_place=reserved.place if reserved else "",
         flex_start=bool(pool.config.flex_start),
         config=_node_config(pool),
     )

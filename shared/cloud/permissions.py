@@ -19,7 +19,8 @@ Where the facts come from:
   kinds) is ``container.thirdPartyObjects``. A server-side apply that creates the object is also a
   ``create``.
 * Compute Engine (workload policies): ``compute.resourcePolicies.get/create`` and the insert's
-  regional operation, ``compute.regionOperations.get``.
+  regional operation, ``compute.regionOperations.get``; (reservations) ``compute.reservations.get``,
+  ``compute.reservationBlocks.list`` and ``compute.reservationSubBlocks.list``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     # WorkloadPolicyAPI (Compute Engine)
     "WorkloadPolicyAPI.get": ("compute.resourcePolicies.get",),
     "WorkloadPolicyAPI.insert": ("compute.resourcePolicies.create", "compute.regionOperations.get"),
+    # ReservationAPI (Compute Engine): the reservation, then its blocks and their sub-blocks
+    # (Compute Engine, "Manage host maintenance across reservations", Required permissions).
+    "ReservationAPI.get_reservation": (
+        "compute.reservations.get",
+        "compute.reservationBlocks.list",
+        "compute.reservationSubBlocks.list",
+    ),
     # KubeAPI (Kubernetes through GKE's IAM authorizer)
     "KubeAPI.get_pod": ("container.pods.get",),
     "KubeAPI.list_pods": ("container.pods.list",),
@@ -108,6 +116,16 @@ _PERMISSION_TEXT = (
 )
 
 
+# The resource a denial names: Compute's `permission for 'projects/P/...'`, GKE's `for "projects/P/...`.
+_DENIED_PROJECT = re.compile(r"""permission(?:\(s\))? for ["']projects/([a-z][-a-z0-9]{4,28}[a-z0-9])[/"']""")
+
+
+def denied_project(message: str) -> str:
+    """The project of the resource a 403 message names ("" when it names none)."""
+    match = _DENIED_PROJECT.search(message)
+    return match.group(1) if match else ""
+
+
 def denied_permission(message: str) -> str:
     """The permission a 403 message names ("" when it names none, e.g. a quota refusal)."""
     for pattern in _PERMISSION_TEXT:
@@ -117,4 +135,12 @@ def denied_permission(message: str) -> str:
     return ""
 
 
-__all__ = ["BUILTIN_RESOURCES", "CALLS", "CONNECT", "OBJECT_VERBS", "denied_permission", "object_permissions"]
+__all__ = [
+    "BUILTIN_RESOURCES",
+    "CALLS",
+    "CONNECT",
+    "OBJECT_VERBS",
+    "denied_permission",
+    "denied_project",
+    "object_permissions",
+]

@@ -1,8 +1,9 @@
 """The raw-API ports: what the domain services need from GKE, Compute Engine and Kubernetes.
 
-Adapters (``shared.cloud.gke``, ``shared.cloud.compute``, ``shared.cloud.kube``,
-``shared.cloud.objects``) implement these Protocols over the Google and Kubernetes clients; the
-sandbox's fakes implement them over plain dicts. Every method raises only ``shared.core.errors`` types.
+Adapters (``shared.cloud.gke``, ``shared.cloud.compute``, ``shared.cloud.reservations``,
+``shared.cloud.kube``, ``shared.cloud.objects``) implement these Protocols over the Google and
+Kubernetes clients; the sandbox's fakes implement them over plain dicts. Every method raises only
+``shared.core.errors`` types.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shared.tpu.nodepools import (
     OperationInfo,
     WorkloadPolicyInfo,
 )
+from shared.tpu.reservations import ReservationView
 
 if TYPE_CHECKING:
     from shared.cloud.objects import KindRegistry
@@ -92,6 +94,18 @@ class WorkloadPolicyAPI(Protocol):
         """Create a HIGH_THROUGHPUT workload policy for ``accelerator_topology`` and return once
         Compute has finished creating it. Raises AlreadyExistsError (409), RejectedError (403, 400)
         or TransientError (429, 5xx, or still being created when the adapter stopped waiting)."""
+        ...
+
+
+class ReservationAPI(Protocol):
+    """The raw Compute Engine reads of a specific reservation, its blocks and their sub-blocks.
+
+    A reservation lives in a zone of the project that owns it (another project's, when shared).
+    """
+
+    def get_reservation(self, project: str, zone: str, name: str) -> ReservationView:
+        """The reservation with its blocks and sub-blocks. Raises NotFoundError, RejectedError (e.g.
+        403 naming the permission) or TransientError."""
         ...
 
 

@@ -31,6 +31,7 @@ from shared.provisioning.create.engine import SliceGroupEngine
 from shared.provisioning.create.fallback import Fallback
 from shared.provisioning.create.known import KnownPools
 from shared.provisioning.create.policies import WorkloadPolicies
+from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.create.slots import Slots
 from shared.provisioning.release.releaser import Releaser
 from shared.provisioning.tenancy.ownership import Owners
@@ -51,12 +52,14 @@ class Services:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         policies: WorkloadPolicies | None = None,
+        reservations: ReservationLook | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``known_pool_ttl`` > 0 lets provision answer from memory for pools it saw that recently;
         ``clock`` times deadlines and pacing, ``wall_clock`` (Unix seconds) the stockout backoff;
         ``policies`` creates the product's tpu7x workload policies (None: pools name them and GKE
-        must find them already there)."""
+        must find them already there); ``reservations`` reads a reservation before a create on it
+        and places the slice where it has room (None: GKE's answer to the create tells)."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
@@ -72,7 +75,15 @@ class Services:
         self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster, self.releaser)
         # The one route from a group of slices to its creates, on the collaborators above.
         self.engine = SliceGroupEngine(
-            settings, gke, kube, self.slots, self.fallback, self.spending, policies, self.cluster
+            settings,
+            gke,
+            kube,
+            self.slots,
+            self.fallback,
+            self.spending,
+            policies,
+            self.cluster,
+            reservations,
         )
         self._cluster: ClusterInfo | None = None
         self._cluster_lock = threading.Lock()

@@ -164,7 +164,7 @@ def key_of_pool(pool: NodePoolInfo) -> str:
 
 def key_of_spec(spec: NodePoolSpec) -> str:
     """The option a pool about to be created uses."""
-    reservation = spec.reservation.value if spec.reservation else ""
+    reservation = spec.reservation.base if spec.reservation else ""
     return _key(spec.spot, reservation, spec.flex_start, spec.node_locations)
 
 

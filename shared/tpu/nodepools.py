@@ -53,13 +53,50 @@ class Reservation:
 
     name: str
     project: str = ""
+    # A block of a dense reservation, and a sub-block of that block, the pool is placed in ("": the
+    # reservation as a whole). Chosen at send time from what Compute Engine reports of them
+    # (shared.provisioning.create.reservations); a capacity option never names one.
+    block: str = ""
+    sub_block: str = ""
 
     @property
-    def value(self) -> str:
-        """The reservation affinity value GKE expects: a bare name or a shared-reservation path."""
+    def base(self) -> str:
+        """The reservation itself as GKE names it: a bare name or a shared-reservation path."""
         if self.project:
             return f"projects/{self.project}/reservations/{self.name}"
         return self.name
+
+    @property
+    def value(self) -> str:
+        """The reservation affinity value GKE expects: the reservation, then its block and sub-block,
+        ``NAME/reservationBlocks/BLOCK/reservationSubBlocks/SUB_BLOCK`` (gcloud container node-pools
+        create ``--reservation``, as the AI Hypercomputer GKE guides give it for a reservation's
+        blocks and sub-blocks)."""
+        value = self.base
+        if self.block:
+            value += f"/reservationBlocks/{self.block}"
+            if self.sub_block:
+                value += f"/reservationSubBlocks/{self.sub_block}"
+        return value
+
+    @property
+    def place(self) -> str:
+        """Where in the reservation the pool goes: "BLOCK", "BLOCK/SUB_BLOCK", or "" (anywhere)."""
+        return f"{self.block}/{self.sub_block}" if self.block and self.sub_block else self.block
+
+
+def parse_reservation(value: str) -> Reservation:
+    """A reservation affinity value as GKE lists it back: ``[projects/P/reservations/]NAME`` followed
+    by ``/reservationBlocks/B`` and ``/reservationSubBlocks/S`` when the pool targets them."""
+    project = ""
+    rest = value
+    if rest.startswith("projects/"):
+        parts = rest.split("/", 4)
+        if len(parts) >= 4 and parts[2] == "reservations":
+            project, rest = parts[1], "/".join(parts[3:])
+    name, _, after = rest.partition("/reservationBlocks/")
+    block, _, sub_block = after.partition("/reservationSubBlocks/")
+    return Reservation(name, project, block, sub_block)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +196,8 @@ class NodePoolInfo:
     status_message: str = ""
     tpu_topology: str = ""
     spot: bool = False
-    reservation: str = ""  # the specific reservation it consumes (Reservation.value), "" for none
+    reservation: str = ""  # the specific reservation it consumes (Reservation.base), "" for none
+    reservation_place: str = ""  # where in it: "BLOCK" or "BLOCK/SUB_BLOCK" (Reservation.place), "" whole
     flex_start: bool = False
     current_nodes: int | None = None  # nodes a flex-start pool has now (None: not reported)
     placement_policy: str = ""  # placementPolicy.policyName: the named (workload) policy placing it

@@ -275,7 +275,7 @@ def _gke_labels(
 def spec_node_labels(spec: NodePoolSpec, topology: str) -> dict[str, str]:
     """Every label each node of ``spec`` will carry: GKE's (``topology``: the slice's, which GKE
     also labels single-host nodes with) and the pool's own node labels."""
-    reservation = spec.reservation.value if spec.reservation else ""
+    reservation = spec.reservation.base if spec.reservation else ""
     policy = spec.placement.policy_name if spec.placement else ""
     gke = _gke_labels(
         spec.name,

@@ -23,13 +23,19 @@ from shared.kueue.render import MANAGED_KINDS
 from tests.paths import REPO
 
 # Attributes that hold a port whose method names are too generic to recognise alone.
-_HOLDERS = {"WorkloadPolicyAPI": {"api", "compute"}, "ObjectAPI": {"objects"}}
+_HOLDERS = {"WorkloadPolicyAPI": {"api", "compute"}, "ReservationAPI": {"api"}, "ObjectAPI": {"objects"}}
 
 
 def port_methods() -> dict[str, str]:
     """``method -> "Protocol.method"`` for every method of the raw-API ports."""
     found: dict[str, str] = {}
-    for protocol in (ports.NodePoolAPI, ports.WorkloadPolicyAPI, ports.KubeAPI, ports.ObjectAPI):
+    for protocol in (
+        ports.NodePoolAPI,
+        ports.WorkloadPolicyAPI,
+        ports.ReservationAPI,
+        ports.KubeAPI,
+        ports.ObjectAPI,
+    ):
         for name, _ in inspect.getmembers(protocol, inspect.isfunction):
             if not name.startswith("_"):
                 found.setdefault(name, "")

@@ -26,6 +26,7 @@ import pytest
 
 from sandbox.emulators.logging.filter import load_filter, parse_filter
 from shared.app.deployment import ANY_CLUSTER
+from shared.cloud.permissions import CALLS
 from shared.core.settings import Settings
 from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
@@ -537,3 +538,54 @@ def test_each_fleet_projects_node_account_reaches_the_services_under_the_users_o
     )
     assert beta_other.node_service_account == f"tpuprov-nodes@{FLEET[1]}.iam.gserviceaccount.com"
     assert settings.for_cluster(beta_cluster).node_service_account == mine
+
+
+def test_a_reservation_owner_project_gets_only_the_reservation_reads_for_the_pool_creators() -> None:
+    root = module()
+    role = root.resource("google_project_iam_custom_role", "reservation_reader")
+    assert (role["for_each"], role["project"], role["permissions"]) == (
+        "${local.reservation_owners}",
+        "${each.value}",
+        "${local.reservation_reads}",
+    )
+    member = root.resource("google_project_iam_member", "reservation_reader")
+    assert member["for_each"] == "${local.reservation_readers}"
+    assert member["member"] == "serviceAccount:${google_service_account.runtime[each.value.function].email}"
+
+
+@pytest.fixture(scope="module")
+def reservation_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """iam.tf's reservation-reader locals over the real roles.json, provider-free."""
+    root = tmp_path_factory.mktemp("reservation-readers")
+    iam = INFRA / "iam.tf"
+    shutil.copy(INFRA / "roles.json", root / "roles.json")
+    names = ("custom_role_permissions", "node_pool_creators", "reservation_reads", "reservation_owners")
+    (root / "main.tf").write_text(
+        _variables("project_id", "fleet_projects", "reservation_projects")
+        + "locals {\n"
+        + "".join(f"  {name} = {_local(iam, name)}\n" for name in names)
+        + f"  reservation_readers = {_local(iam, 'reservation_readers')}\n"
+        + "}\n\n"
+        + 'output "reads" {\n  value = local.reservation_reads\n}\n\n'
+        + 'output "readers" {\n  value = local.reservation_readers\n}\n'
+    )
+    return root
+
+
+@needs_terraform
+def test_reservation_readers_are_bound_in_owner_projects_outside_the_fleet(reservation_root: Path) -> None:
+    variables = {
+        "project_id": HOME,
+        "fleet_projects": [FLEET[0]],
+        "reservation_projects": [HOME, FLEET[0], "res-owner-proj"],
+    }
+    result = terraform_apply(reservation_root, variables)
+    assert result.returncode == 0, result.stdout + result.stderr
+    outputs = terraform_outputs(reservation_root)
+    # Exactly what the adapter's one call needs (shared.cloud.permissions), nothing of GKE's.
+    assert outputs["reads"] == sorted(CALLS["ReservationAPI.get_reservation"])
+    # The home and fleet projects hold the whole roles already: only the outside owner gets one.
+    assert outputs["readers"] == {
+        f"res-owner-proj/{function}": {"project": "res-owner-proj", "function": function}
+        for function in ("provision", "reconcile")
+    }

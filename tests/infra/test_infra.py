@@ -349,6 +349,9 @@ def test_broad_roles_only_on_the_setup_function() -> None:
     assert fleet_admin["member"] == 'serviceAccount:${google_service_account.runtime["setup_cluster"].email}'
     fleet_roles = grants.pop("fleet_function")
     assert fleet_roles["role"] == "${google_project_iam_custom_role.fleet_function[each.key].id}"
+    # The reservation reads in the projects owning shared reservations (tests/infra/test_fleet.py).
+    readers = grants.pop("reservation_reader")
+    assert readers["role"] == "${google_project_iam_custom_role.reservation_reader[each.value.project].id}"
     seen_event_grant = False
     for name, grant in grants.items():
         member = grant["member"]

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from shared.cloud.permissions import CALLS, OBJECT_VERBS, denied_permission, object_permissions
+from shared.cloud.permissions import (
+    CALLS,
+    OBJECT_VERBS,
+    denied_permission,
+    denied_project,
+    object_permissions,
+)
 from tests.infra.hcl import module
 from tests.infra.reach import port_methods, reached_calls, reached_permissions
 from tests.paths import REPO
@@ -131,6 +137,22 @@ def test_object_calls_need_the_resource_permission_of_their_kind(
 )
 def test_a_403_names_the_permission_it_lacks(message: str, permission: str) -> None:
     assert denied_permission(message) == permission
+
+
+@pytest.mark.parametrize(
+    ("message", "project"),
+    [
+        ('Required "container.clusters.list" permission(s) for "projects/team-b-proj".', "team-b-proj"),
+        (
+            "Required 'compute.reservations.get' permission for "
+            "'projects/owner-proj/zones/us-east5-b/reservations/theirs'",
+            "owner-proj",
+        ),
+        ('requires one of ["container.nodes.update"] permission(s).', ""),
+    ],
+)
+def test_a_403_names_the_project_it_was_refused_in(message: str, project: str) -> None:
+    assert denied_project(message) == project
 
 
 def test_a_boot_disk_key_is_usable_by_compute_engines_service_agent_only_when_set() -> None:

@@ -22,12 +22,14 @@ from sandbox.emulators.compute.emulator import ComputeEmulator
 from sandbox.emulators.gke.emulator import GkeEmulator
 from sandbox.emulators.gke.seeds import ClusterSeed
 from sandbox.emulators.iam import Iam
+from sandbox.emulators.reservations import Block, ReservationBook, SubBlock
 from sandbox.kube import rbac
 from sandbox.testing.fixtures.kube import KubeHandle
 from shared.cloud.compute import ComputeWorkloadPolicyAPI
 from shared.cloud.gke import GkeNodePoolAPI
 from shared.cloud.kube import KubeClient, connect
 from shared.cloud.permissions import CALLS
+from shared.cloud.reservations import ComputeReservationAPI
 from shared.core import labels
 from shared.core.errors import PermissionDeniedError
 from shared.core.settings import Settings
@@ -63,11 +65,18 @@ def iam() -> Iam:
     return iam
 
 
+def _dense() -> ReservationBook:
+    # A reservation with a block that has a sub-block: its read makes all three of its calls.
+    book = ReservationBook()
+    book.add("dense", ZONE, 0, "ct5lp-hightpu-4t", blocks=[Block("b1", 4, sub_blocks=[SubBlock("s1", 4)])])
+    return book
+
+
 @pytest.fixture(scope="module")
 def cloud(iam: Iam) -> Iterator[dict[str, Any]]:
     with (
         GkeEmulator([ClusterSeed.from_path(CLUSTER, "127.0.0.1", "")], op_delay=0) as gke,
-        ComputeEmulator(op_delay=0.5) as compute,  # a running insert is polled: regionOperations.get
+        ComputeEmulator(op_delay=0.5, reservations=_dense()) as compute,  # a running insert is polled
     ):
         gke.set_iam(iam)
         compute.iam = iam
@@ -145,6 +154,7 @@ def _record_twice(kube: KubeClient, involved: dict[str, Any]) -> None:
 def _calls(emulators: dict[str, Any], token: str) -> dict[str, Callable[[], Any]]:
     gke = GkeNodePoolAPI(endpoint=emulators["gke"].url, access_token=token)
     compute = ComputeWorkloadPolicyAPI(endpoint=emulators["compute"].url, access_token=token, wait_seconds=2)
+    reservations = ComputeReservationAPI(endpoint=emulators["compute"].url, access_token=token)
     kube = _kube(emulators, token)
     involved = {
         "apiVersion": "v1",
@@ -165,6 +175,7 @@ def _calls(emulators: dict[str, Any], token: str) -> dict[str, Callable[[], Any]
         "NodePoolAPI.get_operation": lambda: gke.get_operation(operation),
         "WorkloadPolicyAPI.get": lambda: compute.get(PROJECT, REGION, "policy"),
         "WorkloadPolicyAPI.insert": lambda: compute.insert(PROJECT, REGION, f"p-{next(FRESH)}", "2x2x2", "t"),
+        "ReservationAPI.get_reservation": lambda: reservations.get_reservation(PROJECT, ZONE, "dense"),
         "KubeAPI.get_pod": lambda: kube.get_pod("team-a", "pod-0"),
         "KubeAPI.list_pods": lambda: kube.list_pods("team-a"),
         "KubeAPI.list_nodes": lambda: kube.list_nodes(),

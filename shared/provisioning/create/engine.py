@@ -10,7 +10,9 @@ reconcile sweep (through provision) all buy pools the same way, here:
    creates of one delivery cannot overshoot together; what a budget cannot pay for is refused;
 2. ``send``: as many as GKE has free operation slots for (the rest wait for a finished operation),
    in rounds through the instance's one account of slots and request quota (``Slots``), each after
-   the tpu7x workload policy it names exists;
+   the tpu7x workload policy it names exists, and one on a reservation placed in the block or
+   sub-block Compute Engine says has room for it (``ReservationLook``: none has room, and the
+   attempt is refused without a create);
 3. GKE's answers sorted once: accepted, already there (409), refused for capacity (quota, a missing
    or full reservation: the slice's attempt is recorded and falls back or backs off, ``Fallback``),
    rejected for good (4xx), or transient (redelivery);
@@ -42,6 +44,7 @@ from shared.provisioning.create import backoff, slots
 from shared.provisioning.create.fallback import Attempts, Fallback
 from shared.provisioning.create.groups import Create, Specs
 from shared.provisioning.create.policies import WorkloadPolicies
+from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.create.slots import Slots
 from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budget
 from shared.provisioning.tenancy.spending import Spending
@@ -118,6 +121,7 @@ class Sent:
     waiting: list[Create] = dataclasses.field(default_factory=list)  # no free operation slot
     unsent: list[Create] = dataclasses.field(default_factory=list)  # stopped (deadline, GKE's refusal)
     stopped: str = ""
+    placed: dict[str, str] = dataclasses.field(default_factory=dict)  # pool -> where in its reservation
     slot_limit: int | None = None  # GKE's operation limit as the instance knows it
     busy: int = 0  # operations GKE ran by the listing
 
@@ -135,9 +139,11 @@ class SliceGroupEngine:
         spending: Spending,
         policies: WorkloadPolicies | None,
         cluster: Callable[[], ClusterInfo],
+        reservations: ReservationLook | None = None,
     ) -> None:
         """The instance's collaborators (``shared.provisioning.services`` builds one engine with them):
-        its one slot and quota account, its capacity fallback, its budgets and its tpu7x policies."""
+        its one slot and quota account, its capacity fallback, its budgets, its tpu7x policies and
+        its look at reservations (None: a create names the reservation and GKE finds the room)."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
@@ -146,6 +152,7 @@ class SliceGroupEngine:
         self.spending = spending
         self.policies = policies
         self.cluster = cluster
+        self.reservations = reservations
 
     def plan(
         self,
@@ -203,10 +210,22 @@ class SliceGroupEngine:
             # finished operation (its audit entry resumes them) instead of collecting 429s.
             queue, sent.waiting = queue[:free], queue[free:]
 
+        look = self.reservations
+
         def create(item: Create) -> None:
+            spec = item.spec
+            if look is not None and spec.reservation is not None:
+                placed = look.place(spec, pools)  # CapacityUnavailableError: no room, nothing sent
+                spec = placed.spec
+                sent.placed[spec.name] = placed.why
             if policies is not None:  # GKE needs the pool's workload policy to exist first
-                policies.ensure_for(item.spec, item.why)
-            self.gke.create_node_pool(self.settings.cluster_path, item.spec, item.why)
+                policies.ensure_for(spec, item.why)
+            try:
+                self.gke.create_node_pool(self.settings.cluster_path, spec, item.why)
+            except Exception:
+                if look is not None:
+                    look.forget(spec.name)
+                raise
 
         result = slots_account.send_all(queue, create, budget, sent.busy)
         for item, error in result.sent:
@@ -230,6 +249,9 @@ class SliceGroupEngine:
             rjobs = ", ".join(dict.fromkeys(i.request.slice_id.replicated_job for i in sent.created))
             why = f" {purpose}" if purpose else ""
             message = f"requested node pools {names} for {rjobs}{why}, charged to {account}"
+            where = [sent.placed[i.spec.name] for i in sent.created if sent.placed.get(i.spec.name)]
+            if where:
+                message += f" ({'; '.join(dict.fromkeys(where))})"
             sid = sent.created[0].request.slice_id
             self.kube.record_event(jobset_ref(jobset, sid), labels.REASON_REQUESTED, message)
             for involved in also_tell:

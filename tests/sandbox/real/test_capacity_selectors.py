@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.emulators.reservations import Block, SubBlock
 from sandbox.jobsets import RUN_SECONDS
 from sandbox.realstack.core import JOBSET_API, RealStack
 from sandbox.realstack.kubestate import collection
@@ -53,6 +54,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FIRST_ZONE, SECOND_ZONE = "us-east5-b", "us-east5-a"  # the cluster's zones, in NODE_LOCATIONS order
 KINDS = ("on-demand", "spot", "flex-start")
+MACHINE = "ct6e-standard-4t"  # the machine type of _slice's v6e 2x2 slice: one VM
 RELEASE_TIMEOUT = 120.0
 FINISH_TIMEOUT = 180.0
 
@@ -153,20 +155,51 @@ def test_a_zone_stockout_falls_back_to_the_next_zone(stack: RealStack) -> None:
     assert_clean_run(stack, "zones", slices=1, creates_per_pool=2)
 
 
-def test_a_full_reservation_falls_back_to_on_demand_by_redelivery(stack: RealStack) -> None:
-    stack.gke.add_reservation("tpu-res", FIRST_ZONE, 0)  # exists, but has no room for the slice
+def test_a_full_reservation_falls_back_to_on_demand_without_a_create(stack: RealStack) -> None:
+    stack.gke.add_reservation("tpu-res", FIRST_ZONE, 0, MACHINE)  # exists, but has no room for the slice
     submit(stack, _slice("reserved", annotations=_policy("reservation:tpu-res, on-demand")))
     pool = _running_pool(stack, "reserved")
     assert not (pool.get("config") or {}).get("reservationAffinity", {}).get("values")
-    # GKE refused the reserved create at once (no pool was made); the redelivery created on-demand.
+    # Compute said the reservation had no room, so no reserved create was sent; the redelivery
+    # created on-demand.
+    assert create_requests(stack, "reserved") == {str(pool["name"]): 1}
     assert successful_creates(stack, "reserved") == {str(pool["name"]): 1}
     failed = _messages(events_about(stack, labels.REASON_FAILED, "reserved"), "JobSet")
     assert any(
-        "Reservation does not have enough resources" in m and f"falling back to on-demand@{FIRST_ZONE}" in m
+        "reservation tpu-res: 0 free VMs of 0, the slice needs 1" in m
+        and f"falling back to on-demand@{FIRST_ZONE}" in m
         for m in failed
     ), failed
     _finish(stack, "reserved")
     assert_clean_run(stack, "reserved", slices=1)
+
+
+def test_the_slice_runs_in_the_reservation_block_with_room_not_the_full_one(stack: RealStack) -> None:
+    # Two reservations of one shape: "res-full" is taken by a running JobSet, "res-dense" has a
+    # degraded sub-block and one with room. The second JobSet's pool goes to the healthy sub-block;
+    # GKE never refuses a create, and the real scheduler runs the pods on the reserved nodes.
+    stack.gke.add_reservation("res-full", FIRST_ZONE, 1, MACHINE)
+    subs = [SubBlock("s1", 4, health="DEGRADED"), SubBlock("s2", 4)]
+    stack.gke.add_reservation("res-dense", FIRST_ZONE, 0, MACHINE, blocks=[Block("b1", 8, sub_blocks=subs)])
+    submit(stack, _slice("holder", annotations=_policy("reservation:res-full"), run_seconds=60))
+    holder = _running_pool(stack, "holder")
+    assert (holder.get("config") or {}).get("reservationAffinity", {}).get("values") == ["res-full"]
+    policy = _policy("reservation:res-full, reservation:res-dense")
+    submit(stack, _slice("placed", annotations=policy))
+    pool = _running_pool(stack, "placed")
+    values = (pool.get("config") or {}).get("reservationAffinity", {}).get("values")
+    assert values == ["res-dense/reservationBlocks/b1/reservationSubBlocks/s2"]
+    assert create_requests(stack, "placed") == {str(pool["name"]): 1}
+    refused = [e.key for e in stack.gke.capacity.events if e.event == "refused-reservation"]
+    assert refused == [], refused
+    requested = _messages(events_about(stack, labels.REASON_REQUESTED, "placed"), "JobSet")
+    assert any("reservation res-dense: 4 free VMs in block b1, sub-block s2" in m for m in requested), (
+        requested
+    )
+    _finish(stack, "placed")
+    assert_clean_run(stack, "placed", slices=1)
+    stack.delete_jobset("default", "holder")
+    wait_released(stack, "holder", timeout=RELEASE_TIMEOUT)
 
 
 def test_a_pod_that_selects_spot_never_falls_back_to_on_demand(stack: RealStack) -> None:

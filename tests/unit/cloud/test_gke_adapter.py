@@ -137,6 +137,23 @@ def test_placement_policy_is_sent_only_when_set(
     assert "reservation_affinity" not in pool.config
 
 
+def test_a_pool_placed_in_a_sub_block_reads_back_as_its_reservation_and_place(
+    gke_api: GkeNodePoolAPI, gke_emulator: GkeEmulator, gke_cluster: str
+) -> None:
+    placed = Reservation("tpu-res", project="shared-proj", block="b1", sub_block="s2")
+    gke_api.create_node_pool(gke_cluster, slice_spec(reservation=placed), why="placed")
+    [sent] = gke_emulator.pools(gke_cluster)
+    assert sent["config"]["reservationAffinity"]["values"] == [
+        "projects/shared-proj/reservations/tpu-res/reservationBlocks/b1/reservationSubBlocks/s2"
+    ]
+    [pool] = gke_api.list_node_pools(gke_cluster)
+    # The reservation the pool consumes is the one its capacity option named; the place is apart.
+    assert (pool.reservation, pool.reservation_place) == (
+        "projects/shared-proj/reservations/tpu-res",
+        "b1/s2",
+    )
+
+
 def test_unknown_placement_type_is_invalid_input() -> None:
     with pytest.raises(InvalidInputError, match="SPREAD"):
         spec_to_node_pool(slice_spec(placement=Placement(type="SPREAD", tpu_topology="2x2x2")))
