@@ -116,6 +116,33 @@ def _stockout_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _reserved_lines(report: dict[str, Any]) -> list[str]:
+    runs = report.get("reserved")
+    if not runs:
+        return []
+    rows = [
+        [
+            label,
+            str(r["slices"]),
+            str(r["refused"]),
+            str(r["accepted"]),
+            str(r["reads"]),
+            "never" if r["landed_s"] is None else f"{r['landed_s']:.0f} s",
+        ]
+        for label, r in (("read before buying", runs["look"]), ("create and see (before)", runs["blind"]))
+    ]
+    return [
+        "**A full reservation** (virtual time, `sandbox/sim/reserved.py`): v6e 2x4 slices, policy "
+        "`reservation:res-full, reservation:res-room`; res-full is taken by a running pool, res-room "
+        "has room for all; creates take 2 min.",
+        "",
+        *_table(
+            ["how", "slices", "creates GKE refused", "accepted", "reservation reads", "all running"], rows
+        ),
+        "",
+    ]
+
+
 def admission_lines(report: dict[str, Any]) -> list[str]:
     """The admission-check part as Markdown lines (none when the simulation was skipped)."""
     part = report.get("admission")
@@ -523,6 +550,7 @@ def markdown(report: dict[str, Any]) -> str:
         *handover_lines(report),
         *_wave_lines(report),
         *_stockout_lines(report),
+        *_reserved_lines(report),
         *admission_lines(report),
         "**Targets**",
         "",

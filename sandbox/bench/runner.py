@@ -30,6 +30,7 @@ from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench import waves as bench_waves
 from sandbox.bench.procs import REFERENCE_TARGET
+from sandbox.sim import reserved as sim_reserved
 from sandbox.sim import stockout as sim_stockout
 
 COLD_START_MAX_SECONDS = 0.8
@@ -246,6 +247,31 @@ def _stockout_targets(
             "stockout without fallback: creates in the first hour", backoff.creates_first_hour, 6, "calls"
         ),
         _target("stockout without fallback: landed after capacity returned", back_in, 45, "min"),
+    ]
+
+
+def _reserved_dict(result: sim_reserved.ReservedResult) -> dict[str, Any]:
+    return {
+        "look": result.config.look,
+        "slices": result.config.slices,
+        "refused": result.refused,
+        "accepted": result.accepted,
+        "reads": result.reads,
+        "landed_s": _finite(math.inf if result.landed_at is None else result.landed_at, 1),
+    }
+
+
+def _reserved_targets(looked: sim_reserved.ReservedResult) -> list[dict[str, Any]]:
+    # The goal: a full reservation costs no refused create (before the look: one per attempt).
+    landed = looked.landed_at is not None and looked.accepted == looked.config.slices
+    return [
+        _target(
+            "full reservation: creates GKE refused per slice",
+            looked.refused_per_slice,
+            0,
+            "calls",
+            ok=landed and looked.refused == 0,
+        )
     ]
 
 
@@ -480,6 +506,11 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
             backoff = sim_stockout.run(sim_stockout.StockoutConfig(outage_minutes=60, horizon_hours=8))
             report["stockout"] = {"fallback": _stockout_dict(fallback), "backoff": _stockout_dict(backoff)}
             targets += _stockout_targets(fallback, backoff)
+            say("simulation: a full reservation before another with room, in virtual time")
+            looked = sim_reserved.run(sim_reserved.ReservedConfig(look=True))
+            blind = sim_reserved.run(sim_reserved.ReservedConfig(look=False))
+            report["reserved"] = {"look": _reserved_dict(looked), "blind": _reserved_dict(blind)}
+            targets += _reserved_targets(looked)
             say("simulation: the Kueue admission check (S slices before pods), in virtual time")
             report["admission"] = bench_admission.measure_all()
             targets += _admission_targets(report["admission"])
