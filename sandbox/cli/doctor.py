@@ -88,6 +88,10 @@ class StackDeployment(ClusterObjectReads):
             return RoleView(function, SETUP_ROLE, True, frozenset(), bound="container.*" in granted)
         return RoleView(function, self.expected.role_name(function), True, granted, bound=bool(granted))
 
+    def held_in(self, project: str, function: str) -> frozenset[str]:
+        iam = self.stack.iam
+        return iam.granted(iam.principal_of(function), project)
+
     def _pubsub(self) -> tuple[Any, Any]:
         return clients(self.stack.pubsub.host)
 

@@ -22,6 +22,7 @@ from tpuprov.doctor.checks import (
     check_apis,
     check_reach,
     check_release_channel,
+    check_reservation_reads,
     check_role,
     check_sinks,
     check_spending,
@@ -29,6 +30,7 @@ from tpuprov.doctor.checks import (
 )
 from tpuprov.doctor.google import enabled_names, role_view, sink_view
 from tpuprov.doctor.readers import publishers_in, subscription_view
+from tpuprov.doctor.run import reservation_read_checks
 from tpuprov.doctor.views import (
     AddonView,
     Expected,
@@ -518,3 +520,48 @@ def test_doctor_says_who_may_spend_what(env: dict[str, str], ok: bool, detail: s
     check = check_spending(Settings.from_env({"PROJECT_ID": "p", **env}))
     assert (check.name, check.ok) == ("spending", ok)
     assert detail in check.detail
+
+
+def test_doctor_names_the_project_whose_shared_reservation_the_functions_cannot_read() -> None:
+    reads = (
+        "compute.reservationBlocks.list",
+        "compute.reservationSubBlocks.list",
+        "compute.reservations.get",
+    )
+    held = {"provision": frozenset(reads), "reconcile": frozenset({"compute.reservations.get"})}
+    check = check_reservation_reads(Expected("p"), "owner-proj", ["projects/owner-proj/reservations/r"], held)
+    assert (check.name, check.ok) == ("reservation reads owner-proj", False)
+    assert check.detail == (
+        "reconcile lacks compute.reservationBlocks.list, compute.reservationSubBlocks.list in owner-proj, "
+        "which owns projects/owner-proj/reservations/r: every create on it is refused and redelivered "
+        "until then; add owner-proj to reservation_projects in infra and apply"
+    )
+    granted = check_reservation_reads(
+        Expected("p"), "owner-proj", ["projects/owner-proj/reservations/r"], {"provision": frozenset(reads)}
+    )
+    assert granted.ok and granted.detail.startswith("provision may read projects/owner-proj/reservations/r")
+
+
+class _Owners:
+    """A deployment whose provision runs with ``policy`` and whose functions hold ``held`` anywhere."""
+
+    def __init__(self, policy: str, held: frozenset[str]) -> None:
+        self.policy, self.held = policy, held
+        self.asked: list[tuple[str, str]] = []
+
+    def function_env(self, function: str) -> dict[str, str]:
+        return {"PROJECT_ID": "p", "UNLIMITED_SPENDING": "true", "CAPACITY_POLICY": self.policy}
+
+    def held_in(self, project: str, function: str) -> frozenset[str]:
+        self.asked.append((project, function))
+        return self.held
+
+
+def test_doctor_checks_each_project_owning_a_reservation_of_the_deployed_policy() -> None:
+    policy = "reservation:projects/owner-proj/reservations/r1, reservation:local, spot"
+    deployment = _Owners(policy, frozenset({"compute.*"}))
+    [check] = reservation_read_checks(deployment, Expected("p"))  # type: ignore[arg-type]
+    assert (check.name, check.ok) == ("reservation reads owner-proj", True)
+    # Only the pool-creating functions, only in the owner project: the local reservation is home.
+    assert deployment.asked == [("owner-proj", "provision"), ("owner-proj", "reconcile")]
+    assert reservation_read_checks(_Owners("spot", frozenset()), Expected("p")) == []  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ class _Fake(ThreadingHTTPServer):
     daemon_threads = True
     roles: dict[str, dict[str, Any]]
     bindings: list[dict[str, Any]]
+    elsewhere: dict[str, list[dict[str, Any]]]  # another project -> its policy's bindings
     services: dict[str, str]
     denied: set[str]
 
@@ -60,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
             ]
             more = {"nextPageToken": str(start + 2)} if start + 2 < len(ENABLED) else {}
             return self._answer(200, {"services": page, **more})
-        if url.path.startswith("/iam/projects/p/roles/"):
+        if url.path.startswith("/iam/projects/") and "/roles/" in url.path:
             role = self.server.roles.get(url.path.removeprefix("/iam/"))
             if role is None:
                 return self._answer(
@@ -79,6 +80,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         if self.path == "/crm/projects/p:getIamPolicy":
             return self._answer(200, {"version": 1, "bindings": self.server.bindings})
+        project = self.path.removeprefix("/crm/projects/").removesuffix(":getIamPolicy")
+        if project in self.server.elsewhere:
+            return self._answer(200, {"version": 1, "bindings": self.server.elsewhere[project]})
         self._answer(400, {"error": {"code": 400, "message": f"unexpected {self.path}"}})
 
 
@@ -96,6 +100,13 @@ def google() -> Iterator[tuple[GoogleDeployment, _Fake]]:
         },
     ]
     server.services = {"tpuprov-release": "https://tpuprov-release-abc-uc.a.run.app"}
+    reader = "projects/owner-proj/roles/tpuprov_reservation_reader"
+    server.roles[reader] = {"name": reader, "includedPermissions": ["compute.reservations.get"]}
+    server.elsewhere = {
+        "owner-proj": [
+            {"role": reader, "members": ["serviceAccount:tpuprov-provision@p.iam.gserviceaccount.com"]}
+        ]
+    }
     server.denied = set()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -115,6 +126,13 @@ def google() -> Iterator[tuple[GoogleDeployment, _Fake]]:
 
 def test_reads_enabled_services_across_pages(google: tuple[GoogleDeployment, _Fake]) -> None:
     assert google[0].enabled_services() == frozenset(ENABLED)
+
+
+def test_reads_what_a_function_holds_in_another_project(google: tuple[GoogleDeployment, _Fake]) -> None:
+    deployment, _ = google
+    # The roles bound there to the function's account, each read for its permissions.
+    assert deployment.held_in("owner-proj", "provision") == frozenset({"compute.reservations.get"})
+    assert deployment.held_in("owner-proj", "reconcile") == frozenset()
 
 
 def test_reads_roles_and_their_bindings(google: tuple[GoogleDeployment, _Fake]) -> None:

@@ -80,6 +80,29 @@ def check_role(expected: Expected, view: RoleView) -> Check:
     return Check(name, True, f"{view.role} holds exactly the {len(wanted)} permissions its code calls")
 
 
+def check_reservation_reads(
+    expected: Expected, project: str, reservations: Sequence[str], held: Mapping[str, frozenset[str]]
+) -> Check:
+    """The functions that create pools may read the shared ``reservations`` of ``project``: they
+    read each one (its blocks and sub-blocks too) before buying on it, checked there."""
+    name = f"reservation reads {project}"
+    wanted = sorted(p for p in expected.roles.get("provision", ()) if p.startswith("compute.reservation"))
+    problems = []
+    for function, permissions in held.items():
+        missing = [p for p in wanted if p not in permissions and f"{p.split('.', 1)[0]}.*" not in permissions]
+        if missing:
+            problems.append(f"{function} lacks {', '.join(missing)}")
+    where = ", ".join(reservations)
+    if problems:
+        return Check(
+            name,
+            False,
+            f"{'; '.join(problems)} in {project}, which owns {where}: every create on it is refused "
+            f"and redelivered until then; add {project} to reservation_projects in infra and apply",
+        )
+    return Check(name, True, f"{' and '.join(held)} may read {where} ({', '.join(wanted)})")
+
+
 def _dead_letter_problems(expected: Expected, sub: SubscriptionView, dead_letter: str) -> list[str]:
     if not sub.dead_letter_topic:
         return [f"{sub.name} has no dead-letter policy: failed messages are redelivered forever; {APPLY}"]

@@ -180,6 +180,19 @@ class GoogleDeployment(ClusterObjectReads):
             return role_view(function, role, {}, self._policy, member)
         return role_view(function, role, self._rest("GET", f"{self.roots.iam}/{role}"), self._policy, member)
 
+    def held_in(self, project: str, function: str) -> frozenset[str]:
+        # The project's policy names the roles bound to the account; each role lists its permissions
+        # (iam roles.get: projects/P/roles/R for a custom role, roles/R for a predefined one).
+        url = f"{self.roots.resource_manager}/projects/{project}:getIamPolicy"
+        policy = self._rest("POST", url, {"options": {"requestedPolicyVersion": 3}}) or {}
+        member = f"serviceAccount:{self.expected.service_account(function)}"
+        held: set[str] = set()
+        for binding in policy.get("bindings") or []:
+            if member in (binding.get("members") or []):
+                role = self._rest("GET", f"{self.roots.iam}/{binding.get('role', '')}") or {}
+                held.update(role.get("includedPermissions") or ())
+        return frozenset(held)
+
     def topics(self) -> frozenset[str]:
         return read_topics(self._pubsub[0], self.project)
 

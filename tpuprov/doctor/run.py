@@ -13,6 +13,7 @@ from collections.abc import Callable
 from shared.core.errors import TpuProvError
 from shared.core.settings import Settings
 from shared.setup.manifests import JOBSET, KUEUE
+from shared.tpu import capacity
 from tpuprov import output
 from tpuprov.doctor.checks import (
     Check,
@@ -21,6 +22,7 @@ from tpuprov.doctor.checks import (
     check_apis,
     check_reach,
     check_release_channel,
+    check_reservation_reads,
     check_role,
     check_sinks,
     check_spending,
@@ -90,6 +92,7 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings, onl
         return check_wiring(expected, deployment.topics(), deployment.subscriptions(), urls)
 
     checks += _section("pubsub", wiring)
+    checks += _section("reservation reads", lambda: reservation_read_checks(deployment, expected))
     for path in chosen:
         if len(fleet) == 1:
             checks += _cluster_checks(deployment, expected, settings)
@@ -100,6 +103,33 @@ def diagnose(deployment: Deployment, expected: Expected, settings: Settings, onl
         "spending", lambda: [check_spending(Settings.from_env(deployment.function_env("provision")))]
     )
     return checks
+
+
+# The functions that buy pools read a reservation before buying on it (infra/iam.tf node_pool_creators).
+RESERVATION_READERS = ("provision", "reconcile")
+
+
+def reservation_read_checks(deployment: Deployment, expected: Expected) -> list[Check]:
+    """For each other project owning a reservation of the deployed CAPACITY_POLICY: whether the
+    pool-creating functions may read it there (none when the policy names no shared one)."""
+    try:
+        deployed = Settings.from_env(deployment.function_env("provision"))
+    except TpuProvError:
+        return []  # the spending section says why the deployed settings cannot be read
+    owners: dict[str, list[str]] = {}
+    for option in capacity.parse_policy(deployed.capacity_policy) if deployed.capacity_policy else ():
+        reservation = option.reservation
+        if reservation is not None and reservation.project and reservation.project != deployed.project_id:
+            owners.setdefault(reservation.project, []).append(reservation.base)
+    return [
+        check_reservation_reads(
+            expected,
+            project,
+            reservations,
+            {f: deployment.held_in(project, f) for f in RESERVATION_READERS},
+        )
+        for project, reservations in sorted(owners.items())
+    ]
 
 
 def _cluster_checks(deployment: Deployment, expected: Expected, settings: Settings) -> list[Check]:

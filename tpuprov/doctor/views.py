@@ -149,6 +149,10 @@ class Deployment(Protocol):
         """The role bound to ``function``'s service account."""
         ...
 
+    def held_in(self, project: str, function: str) -> frozenset[str]:
+        """The permissions the roles bound to ``function``'s service account in ``project`` grant."""
+        ...
+
     def topics(self) -> frozenset[str]:
         """Short names of the project's topics."""
         ...
