@@ -33,6 +33,11 @@ READY = "READY"
 HEALTHY = "HEALTHY"
 
 
+def _usable(status: str, health: str) -> bool:
+    # An absent health report is not a bad one: only a reported DEGRADED (or other) state skips it.
+    return status == READY and health in ("", HEALTHY)
+
+
 @dataclasses.dataclass(frozen=True)
 class SubBlockView:
     """One sub-block: ``hosts`` allocated, ``hosts_in_use`` of them running instances."""
@@ -45,8 +50,8 @@ class SubBlockView:
 
     @property
     def usable(self) -> bool:
-        """READY and not reported unhealthy (an absent health report is not a bad one)."""
-        return self.status == READY and self.health in ("", HEALTHY)
+        """READY and not reported unhealthy."""
+        return _usable(self.status, self.health)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +68,7 @@ class BlockView:
     @property
     def usable(self) -> bool:
         """READY and not reported unhealthy."""
-        return self.status == READY and self.health in ("", HEALTHY)
+        return _usable(self.status, self.health)
 
 
 @dataclasses.dataclass(frozen=True)
