@@ -57,7 +57,7 @@ class SimReservations:
         """The reservation as Compute would answer; NotFoundError when the book has none."""
         from google.cloud import compute_v1
 
-        from shared.cloud.reservations import block_to_view, sub_block_to_view
+        from shared.cloud.reservations import block_to_view, reservation_to_view, sub_block_to_view
 
         self.reads += 1
         body = self.book.reservation_json(project, zone, name)
@@ -65,7 +65,6 @@ class SimReservations:
             raise NotFoundError(
                 f"The resource 'projects/{project}/zones/{zone}/reservations/{name}' was not found"
             )
-        reservation: Any = _message(compute_v1.Reservation, body)
         blocks = []
         for raw in self.book.blocks_json(project, zone, name) or []:
             block: Any = _message(compute_v1.ReservationBlock, raw)
@@ -74,17 +73,7 @@ class SimReservations:
                 for s in self.book.sub_blocks_json(project, zone, name, block.name) or []
             )
             blocks.append(block_to_view(block, subs))
-        specific = reservation.specific_reservation
-        return ReservationView(
-            name=reservation.name,
-            project=project,
-            zone=zone,
-            machine_type=str(specific.instance_properties.machine_type),
-            vms=int(specific.count),
-            vms_in_use=int(specific.in_use_count),
-            status=str(reservation.status),
-            blocks=tuple(blocks),
-        )
+        return reservation_to_view(_message(compute_v1.Reservation, body), project, zone, tuple(blocks))
 
 
 def _message(kind: Any, body: dict[str, Any]) -> Any:

@@ -74,6 +74,23 @@ def block_to_view(block: Any, sub_blocks: tuple[SubBlockView, ...]) -> BlockView
     )
 
 
+def reservation_to_view(
+    reservation: Any, project: str, zone: str, blocks: tuple[BlockView, ...]
+) -> ReservationView:
+    """A ``compute_v1.Reservation`` of ``project`` in ``zone`` (with its blocks already read)."""
+    specific = reservation.specific_reservation
+    return ReservationView(
+        name=reservation.name,
+        project=project,
+        zone=zone,
+        machine_type=_machine_type(reservation),
+        vms=int(specific.count or 0),
+        vms_in_use=int(specific.in_use_count or 0),
+        status=str(reservation.status or ""),
+        blocks=blocks,
+    )
+
+
 class ComputeReservationAPI:
     """The production ``ReservationAPI``: thin reads and error translation, no retries (the caller's
     delivery is redelivered on a TransientError)."""
@@ -140,17 +157,7 @@ class ComputeReservationAPI:
                         )
                     )
                 blocks.append(block_to_view(block, subs))
-        specific = reservation.specific_reservation
-        return ReservationView(
-            name=reservation.name or name,
-            project=project,
-            zone=zone,
-            machine_type=_machine_type(reservation),
-            vms=int(specific.count or 0),
-            vms_in_use=int(specific.in_use_count or 0),
-            status=str(reservation.status or ""),
-            blocks=tuple(blocks),
-        )
+        return reservation_to_view(reservation, project, zone, tuple(blocks))
 
 
-__all__ = ["ComputeReservationAPI", "block_to_view", "sub_block_to_view"]
+__all__ = ["ComputeReservationAPI", "block_to_view", "reservation_to_view", "sub_block_to_view"]
