@@ -14,6 +14,7 @@ from typing import Any
 
 from shared.app.coalesce import Coalescer
 from shared.app.entry import Runtime
+from shared.cloud.ports import KubeAPI
 from shared.core import logs
 from shared.core.errors import PermanentError, TransientError
 from shared.events import envelope as events
@@ -92,6 +93,20 @@ def reservation_look(runtime: Runtime) -> ReservationLook:
     return runtime.service("reservations", lambda rt: ReservationLook(rt.settings, rt.reservations()))
 
 
+class _Peers:
+    """The fleet's clusters as one member's services reach them (``FleetPeers``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def paths(self) -> list[str]:
+        return [m.settings.cluster_path for m in self.runtime.members()]
+
+    def kube(self, path: str) -> KubeAPI | None:
+        member = self.runtime.member(path)
+        return member.kube() if member is not None else None
+
+
 def services(runtime: Runtime) -> Services:
     """The instance's shared services, built once and handed to every orchestrator below (one
     account of GKE's slots and request quota, one backoff, fallback and releaser)."""
@@ -104,6 +119,7 @@ def services(runtime: Runtime) -> Services:
             known_pool_ttl=KNOWN_POOL_TTL_SECONDS,
             policies=policies(rt),
             reservations=reservation_look(rt),
+            peers=_Peers(rt),
         ),
     )
 
@@ -178,7 +194,10 @@ def _provision(
             CREATED if requested else SKIPPED, f"resumed after {event.method}", requested=tuple(requested)
         )
     if isinstance(event, events.WorkloadQuotaReserved):
-        key = f"workload:{event.namespace}/{event.name}"
+        # One key per reservation of one object: a redelivery of its entry is coalesced, but not
+        # the reservation of a new Workload of the same name (MultiKueue's next copy of a manager's
+        # Workload comes seconds after the last was removed) nor a new reservation after an eviction.
+        key = f"workload:{event.namespace}/{event.name}:{event.uid}:{event.timestamp.isoformat()}"
         if _decided(runtime, "provision", key):
             return None
         with logs.bound(workload=f"{event.namespace}/{event.name}"):

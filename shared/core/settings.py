@@ -459,6 +459,12 @@ class Settings:
     # The Kueue AdmissionCheck whose controller this product is (controllerName tpuprov.dev/tpu-slices):
     # Workloads of ClusterQueues using it get all their slices before Kueue admits them.
     admission_check_name: str = "tpu-slices"
+    # The fleet cluster that is Kueue's MultiKueue manager ("" = none): the check in its workers
+    # answers the worker copies of that cluster's Workloads so that one worker only runs (and buys
+    # for) each (shared.provisioning.placement.multikueue).
+    multikueue_manager: str = ""
+    # How long a capacity shortage in a worker keeps MultiKueue's placement away from it.
+    multikueue_shortage_seconds: int = 1800
     # Bounds of one setup run; the total must stay inside Cloud Run's request timeout.
     setup_timeout_seconds: int = 280
     setup_webhook_retry_seconds: int = 120  # keep retrying webhook errors of one call this long
@@ -549,6 +555,11 @@ class Settings:
                         f"setting {setting} entry {_quote(entry)} is not "
                         "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
                     )
+        if self.multikueue_manager and not _CLUSTER_PATH.match(self.multikueue_manager):
+            raise InvalidInputError(
+                f"setting MULTIKUEUE_MANAGER={_quote(self.multikueue_manager)} is not "
+                "projects/PROJECT/locations/LOCATION/clusters/CLUSTER"
+            )
         for project in self.fleet_projects:
             if not _PROJECT_ID.match(project):
                 raise InvalidInputError(
@@ -574,6 +585,7 @@ class Settings:
             "max_vms_per_jobset",
             "reconcile_cluster_seconds",
             "fleet_discovery_seconds",
+            "multikueue_shortage_seconds",
         ):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"setting {name.upper()}={getattr(self, name)} must be >= 1")

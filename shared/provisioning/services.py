@@ -7,7 +7,8 @@ reconcile sweep of one Cloud Run instance share:
 * one account of GKE's operation slots and API request quota (``Slots``): two would each spend
   ``GKE_REQUESTS_PER_MINUTE`` and learn GKE's operation limit twice;
 * one memory of pools seen to exist and one single flight per replicated job (``KnownPools``);
-* one failure record writer (``Backoff``), one capacity fallback (``Fallback``) and one releaser
+* one failure record writer (``Backoff``), one capacity fallback (``Fallback``, which tells
+  MultiKueue's placement when a worker runs out of options: ``MultiKueuePlacement``) and one releaser
   (``Releaser``, with its ownership proofs, Kueue holds and budgets), so a recycle, a handover
   and a release all go the same guarded way;
 * the one route from a group of slices to their creates (``SliceGroupEngine``);
@@ -33,6 +34,7 @@ from shared.provisioning.create.known import KnownPools
 from shared.provisioning.create.policies import WorkloadPolicies
 from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.create.slots import Slots
+from shared.provisioning.placement.multikueue import FleetPeers, MultiKueuePlacement
 from shared.provisioning.release.releaser import Releaser
 from shared.provisioning.tenancy.ownership import Owners
 from shared.provisioning.tenancy.spending import Spending
@@ -54,12 +56,14 @@ class Services:
         policies: WorkloadPolicies | None = None,
         reservations: ReservationLook | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        peers: FleetPeers | None = None,
     ) -> None:
         """``known_pool_ttl`` > 0 lets provision answer from memory for pools it saw that recently;
         ``clock`` times deadlines and pacing, ``wall_clock`` (Unix seconds) the stockout backoff;
         ``policies`` creates the product's tpu7x workload policies (None: pools name them and GKE
         must find them already there); ``reservations`` reads a reservation before a create on it
-        and places the slice where it has room (None: GKE's answer to the create tells)."""
+        and places the slice where it has room (None: GKE's answer to the create tells); ``peers``
+        reaches the fleet's other clusters (MultiKueue's manager, for its workers' copies)."""
         self.settings = settings
         self.gke = gke
         self.kube = kube
@@ -72,7 +76,10 @@ class Services:
         self.owners: Owners = self.releaser.owners
         self.spending: Spending = self.releaser.spending
         self.backoff = Backoff(settings, kube, wall_clock)
-        self.fallback = Fallback(settings, gke, kube, self.backoff, self.cluster, self.releaser)
+        self.multikueue = MultiKueuePlacement(settings, kube, peers, wall_clock)
+        self.fallback = Fallback(
+            settings, gke, kube, self.backoff, self.cluster, self.releaser, self.multikueue
+        )
         # The one route from a group of slices to its creates, on the collaborators above.
         self.engine = SliceGroupEngine(
             settings,

@@ -36,6 +36,12 @@ from shared.tpu.slices import SliceRequest
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 CHECK_STATES = (PENDING, READY, RETRY, REJECTED)
+# Kueue's MultiKueue (v0.19.2, apis/kueue/v1beta2/constants.go and pkg/controller/jobframework):
+# the label of every object it creates in a worker, and the annotation on the worker's job that
+# names the manager's Workload (prebuilt workload; an annotation while WorkloadIdentifierAnnotations
+# is on, as by default in 0.19, a label before).
+MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +83,13 @@ class WorkloadView:
     # status.requeueState.requeueAt in Unix seconds (None: unset): when Kueue brings an evicted
     # Workload back, e.g. after a check's Retry (pkg/workload/admissionchecks.go NeedsRequeueAtUpdate).
     requeue_at: float | None = None
+    # Under Kueue's MultiKueue (pkg/controller/admissionchecks/multikueue/workload.go, v0.19.2): a
+    # worker's copy carries the manager's origin label (cloneForCreate); the manager's Workload
+    # names the workers it was sent to (status.nominatedClusterNames) and, once one admitted it,
+    # that one (status.clusterName).
+    origin: str = ""
+    cluster_name: str = ""
+    nominated: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -179,6 +192,9 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
         conditions={str(c.get("type")): c.get("status") == "True" for c in status.get("conditions") or []},
         active=spec.get("active", True) is not False,
         requeue_at=_time((status.get("requeueState") or {}).get("requeueAt")),
+        origin=str((meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL) or ""),
+        cluster_name=str(status.get("clusterName") or ""),
+        nominated=tuple(str(n) for n in status.get("nominatedClusterNames") or []),
     )
 
 

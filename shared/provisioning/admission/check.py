@@ -80,6 +80,7 @@ class AdmissionChecker:
         self.backoff = services.backoff
         self.fallback = services.fallback
         self.pools = SlicePools(services)
+        self.multikueue = services.multikueue
 
     def cluster(self) -> ClusterInfo:
         return self.services.cluster()
@@ -157,6 +158,9 @@ class AdmissionChecker:
         )
 
     def _verdict(self, workload: WorkloadView) -> tuple[CheckVerdict, tuple[str, ...]]:
+        placed = self.multikueue.verdict(workload)
+        if placed is not None:  # a MultiKueue worker's copy: Ready in the one worker chosen
+            return CheckVerdict(placed.state, placed.message), ()
         if workload.owner_kind != "JobSet":
             return CheckVerdict(READY, f"owned by a {workload.owner_kind or 'nothing'}: no TPU slices"), ()
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import logs
@@ -45,6 +46,12 @@ class Attempts:
         return capacity.pick(self.choices, failure.next if failure else "")
 
 
+class Exhausted(Protocol):
+    """Who is told when a JobSet's slice ran out of capacity options in this cluster."""
+
+    def short(self, jobset: JobSet, why: str) -> bool: ...
+
+
 class Fallback:
     """Chooses each attempt's capacity and turns failed attempts into fallback or backoff."""
 
@@ -56,8 +63,12 @@ class Fallback:
         tracker: backoff.Backoff,
         cluster: Callable[[], ClusterInfo],
         releaser: Releaser,
+        placement: Exhausted | None = None,
     ) -> None:
+        """``placement``: told when a JobSet's slice has no capacity option left in this cluster
+        and backs off (MultiKueue then places the job in another worker)."""
         self.settings = settings
+        self.placement = placement
         self.gke = gke
         self.kube = kube
         self.backoff = tracker
@@ -85,9 +96,15 @@ class Fallback:
     ) -> backoff.Failure:
         """GKE refused this attempt's create for quota or its reservation: a new attempt (no pool)."""
         keys = [o.key for o in self.options(request, jobset)]
-        return self.backoff.observe(
+        failure = self.backoff.observe(
             jobset, spec.name, reason, pool_made=False, tried=capacity.key_of_spec(spec), options=keys
         )
+        return self._told(jobset, failure, reason)
+
+    def _told(self, jobset: JobSet, failure: backoff.Failure, why: str) -> backoff.Failure:
+        if not failure.next and self.placement is not None:
+            self.placement.short(jobset, why)
+        return failure
 
     def observe_owned(self, jobset: JobSet, pool: NodePoolInfo) -> backoff.Failure:
         """Reconcile's sighting of an ERROR pool (no pod at hand: the JobSet's template decides)."""
@@ -106,13 +123,14 @@ class Fallback:
             why = f"{pool.name}: {exc.why}"
             logs.decision(log, "fallback.no_policy", why, logging.WARNING, pool=pool.name)
             keys = []
-        return self.backoff.observe(
+        failure = self.backoff.observe(
             jobset,
             pool.name,
             pool.status_message or "status ERROR",
             tried=capacity.key_of_pool(pool),
             options=keys,
         )
+        return self._told(jobset, failure, f"{pool.name}: {pool.status_message or 'status ERROR'}")
 
     def recycle(self, jobset: JobSet, pool: NodePoolInfo, failure: backoff.Failure) -> None:
         """Delete a failed pool whose slice falls back to other capacity, under the occupancy rule."""

@@ -16,7 +16,7 @@ import pytest
 
 from shared.app import handlers
 from shared.events.fields import ClusterId
-from shared.events.logentry import NodePoolOperationDone
+from shared.events.logentry import NodePoolOperationDone, WorkloadQuotaReserved
 
 CLUSTER = ClusterId("p", "us-west4-a", "west")
 
@@ -37,6 +37,17 @@ class Checker:
     def sweep(self, trigger: str) -> list[Any]:
         self.sweeps.append(trigger)
         return []
+
+
+class Handled:
+    """The admission checker's ``handle``, recording each Workload it was asked about."""
+
+    def __init__(self) -> None:
+        self.handled: list[str] = []
+
+    def handle(self, namespace: str, name: str, trigger: str) -> Any:
+        self.handled.append(f"{namespace}/{name}")
+        return type("R", (), {"state": "Pending", "why": "", "created": ()})()
 
 
 class Provisioner:
@@ -108,3 +119,22 @@ def test_a_finished_create_asks_whether_its_jobset_is_still_there(
     event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, failed, datetime.datetime.now(datetime.UTC))
     handlers._provision(Member(), event)  # type: ignore[arg-type]
     assert releaser.asked == (["tpu-pool-a"] if asked else [])
+
+
+def test_a_new_workload_of_the_same_name_is_looked_at_and_a_redelivered_reservation_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MultiKueue removes a worker's copy of a Workload and creates the next seconds later, same
+    namespace and name: its reservation must not be taken for a redelivery of the last one's (the
+    real MultiKueue's copies waited for a reconcile tick)."""
+    checker = Handled()
+    monkeypatch.setattr(handlers, "admission_checker", lambda runtime: checker)
+    member = Member()
+    member.settings.event_coalesce_seconds = 30  # type: ignore[attr-defined]
+    now = datetime.datetime.now(datetime.UTC)
+    first = WorkloadQuotaReserved(CLUSTER, "default", "jobset-train-1a2b3", "uid-1", "Quota reserved", now)
+    later = now + datetime.timedelta(seconds=4)
+    second = WorkloadQuotaReserved(CLUSTER, "default", "jobset-train-1a2b3", "uid-2", "Quota reserved", later)
+    for event in (first, first, second, second):
+        handlers._provision(member, event)  # type: ignore[arg-type]
+    assert checker.handled == ["default/jobset-train-1a2b3"] * 2
