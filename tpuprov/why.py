@@ -34,6 +34,33 @@ PRODUCT_REASONS = (
 )
 
 
+# Kueue's JobSet webhook hands a JobSet queued to a MultiKueue ClusterQueue to MultiKueue
+# (pkg/controller/jobframework/defaults.go): it runs in a worker, never where it was submitted.
+MULTIKUEUE_MANAGED_BY = "kueue.x-k8s.io/multikueue"
+
+
+def explain_dispatched(jobset: JobSet, events: Sequence[Mapping[str, Any]]) -> str:
+    """One paragraph for a JobSet MultiKueue runs in a worker: where, and why the product chose it."""
+    from shared.provisioning.placement.multikueue import REASON_CHOSEN, REASON_SHORT
+
+    who = f"JobSet {jobset.namespace}/{jobset.name}"
+    said = sorted(
+        (e for e in events if e.get("reason") in (REASON_CHOSEN, REASON_SHORT)),
+        key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+    )
+    head = f"{who} is run by Kueue's MultiKueue in one of its workers; its pods and pools are there."
+    if not said:
+        return (
+            f"{head} No worker was chosen for it yet (its Workload waits for quota, or no worker answered)."
+        )
+    latest = said[-1]
+    shorts = [e.get("message", "") for e in said if e.get("reason") == REASON_SHORT]
+    text = f"{head} Latest: {latest.get('reason')}: {latest.get('message', '')}."
+    if shorts and latest.get("reason") != REASON_SHORT:
+        text += f" Before that: {shorts[-1]}."
+    return text
+
+
 def _events_line(events: Sequence[Mapping[str, Any]]) -> str:
     mine = [e for e in events if e.get("reason") in PRODUCT_REASONS or e.get("reason") == "FailedScheduling"]
     if not mine:

@@ -26,6 +26,7 @@ from sandbox.bench import env as bench_env
 from sandbox.bench import fanout as bench_fanout
 from sandbox.bench import forged as bench_forged
 from sandbox.bench import handover as bench_handover
+from sandbox.bench import multikueue as bench_multikueue
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import storm as bench_storm
 from sandbox.bench import waves as bench_waves
@@ -65,6 +66,10 @@ class BenchConfig:
     simulation: bool = True  # the virtual-time waves (seconds of real time)
     handover: bool = True  # the queued same-shape workload on the real stack (about 3 minutes)
     handover_shape: bench_handover.HandoverShape = field(default_factory=bench_handover.HandoverShape)
+    # Kueue's real MultiKueue, one worker stocked out (three control planes, about 3 minutes; None: skipped).
+    multikueue: bench_multikueue.MultiKueueShape | None = field(
+        default_factory=bench_multikueue.MultiKueueShape
+    )
     # Suspended JobSets declaring a million pods against a baseline (None: skipped).
     declared: bench_declared.DeclaredShape | None = field(default_factory=bench_declared.DeclaredShape)
     # Forged and missing pods' entries mixed with a real JobSet's, to one provision (None: skipped).
@@ -356,6 +361,39 @@ def _handover_targets(result: bench_handover.HandoverResult) -> list[dict[str, A
     ]
 
 
+def multikueue_targets(result: bench_multikueue.MultiKueueResult) -> list[dict[str, Any]]:
+    """The MultiKueue part's targets: the physical floor (one failed attempt, then one create, each
+    ``D``) plus Kueue's dispatch and the events' route; one failed attempt's pools in the other worker."""
+    d, slices = result.shape.op_seconds, result.shape.slices
+    ready_max = result.floor_seconds + bench_multikueue.OVERHEAD_SECONDS
+    attempt = slices * (2 * d + bench_multikueue.OVERHEAD_SECONDS)
+    ready = result.seconds_to_ready if result.seconds_to_ready is not None else float("inf")
+    return [
+        _target("multikueue: submission to all slices ready, one worker stocked out", ready, ready_max, "s"),
+        _target(
+            "multikueue: the job ran in the worker with capacity",
+            1 if result.ran_in == bench_multikueue.STOCKED else 0,
+            1,
+            "",
+            ok=result.ran_in == bench_multikueue.STOCKED,
+        ),
+        _target(
+            "multikueue: pool-seconds in the worker that did not run it",
+            result.loser_pool_seconds,
+            attempt,
+            "s",
+        ),
+        _target(
+            "multikueue: creates in the stocked-out worker <= slices",
+            result.creates.get(bench_multikueue.SHORT, 0),
+            slices,
+            "calls",
+        ),
+        _target("multikueue: leaked pools", len(result.pools_leaked), 0, "pools"),
+        _target("multikueue: pods killed", result.pods_killed, 0, "pods"),
+    ]
+
+
 def fanout_dict(fan: bench_fanout.FanOutResult) -> dict[str, Any]:
     """The fan-out result as JSON-safe data."""
     out = asdict(fan)
@@ -491,6 +529,11 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> d
             handover = bench_handover.run(shape)
             report["handover"] = bench_handover.as_dict(handover)
             targets += _handover_targets(handover)
+        if config.multikueue is not None:
+            say("multikueue: a 2-slice JobSet to a MultiKueue manager whose first worker is stocked out")
+            placed = bench_multikueue.run(config.multikueue)
+            report["multikueue"] = bench_multikueue.as_dict(placed)
+            targets += multikueue_targets(placed)
         if config.simulation:
             say("simulation: S slices through GKE's operation limit, in virtual time")
             waves, without = bench_waves.run_all()

@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--skip-simulation", action="store_true", help="skip the virtual-time waves part")
     parser.add_argument("--skip-handover", action="store_true", help="skip the queued same-shape workload")
     parser.add_argument(
+        "--skip-multikueue", action="store_true", help="skip the MultiKueue part (three control planes)"
+    )
+    parser.add_argument(
         "--handover-jobsets", type=int, default=8, help="handover: same-shape JobSets queued (e.g. 20)"
     )
     parser.add_argument(
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from sandbox.bench.fanout import FanOutShape
     from sandbox.bench.forged import ForgedShape
     from sandbox.bench.handover import HandoverShape
+    from sandbox.bench.multikueue import MultiKueueShape
     from sandbox.bench.storm import StormShape
 
     config = bench.BenchConfig(
@@ -111,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         simulation=not args.skip_simulation,
         handover=not args.skip_handover,
         handover_shape=HandoverShape(jobsets=args.handover_jobsets),
+        multikueue=None if args.skip_multikueue else MultiKueueShape(),
         fleet_clusters=args.fleet_clusters,
         declared=None
         if args.skip_declared

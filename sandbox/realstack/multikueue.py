@@ -25,13 +25,16 @@ import base64
 import datetime
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from sandbox.kube.api import ApiError, KubeClient
 from sandbox.kube.cluster import RealCluster
 from sandbox.realstack.kubestate import collection
+
+if TYPE_CHECKING:
+    from sandbox.realstack.core import RealStack
 
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 KUEUE_NAMESPACE = "kueue-system"
@@ -230,3 +233,51 @@ def wait_active(api: KubeClient, kinds_names: Sequence[tuple[str, str]], timeout
         if time.monotonic() > deadline:
             raise TimeoutError("; ".join(why_inactive(api, k, n) for k, n in waiting))
         time.sleep(0.5)
+
+
+def manager_queues(worker_config: str, check: str) -> list[dict[str, Any]]:
+    """The workers' queue document rendered for the manager: the same flavors, quotas and
+    LocalQueues, with the ``multikueue`` check instead of the product's (the manager runs no pod:
+    its ClusterQueue only hands Workloads to the workers)."""
+    from shared.kueue.config import parse_config
+    from shared.kueue.render import render
+
+    plain = worker_config.replace("tpuSlicesCheck: true", "tpuSlicesCheck: false")
+    objects = [o for o in render(parse_config(plain)) if o["kind"] != "AdmissionCheck"]
+    for obj in objects:
+        if obj["kind"] == "ClusterQueue":
+            obj["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": check}]}
+    return objects
+
+
+def connect(stack: RealStack, worker_config: str, check: str = "multikueue", timeout: float = 300.0) -> None:
+    """Make the stack's managed cluster the MultiKueue manager of its fleet clusters: setup_cluster
+    on every cluster, ``worker_config`` (a queue document with the product's check) applied to each
+    worker by apply_kueue, then everything in the module docstring; returns once every
+    MultiKueueCluster and the check are Active."""
+    for plane in stack.planes:
+        stack.setup(timeout=timeout, cluster=plane.path)
+    for plane in stack.fleet:
+        stack.apply_kueue(worker_config, timeout=120, cluster=plane.path)
+    manager = stack.home
+    releases = manager.releases
+    assert releases is not None, "the stack is not started"
+    restarts = len(releases.restarts)
+    limit_frameworks(manager.kube_cluster)
+    stack.wait_for(
+        lambda: len(releases.restarts) > restarts and releases.wait_ready("kueue", 1),
+        120,
+        "the manager's Kueue restarted with the JobSet and Job frameworks only",
+    )
+    kubeconfigs = {
+        p.cluster_id.name: worker_kubeconfig(p.kube_cluster, p.cluster_id.name) for p in stack.fleet
+    }
+    apply(
+        manager.kube_cluster,
+        [*manager_objects(kubeconfigs, check, "workers"), *manager_queues(worker_config, check)],
+    )
+    wait_active(
+        manager.kube_cluster.client(),
+        [*(("multikueueclusters", name) for name in kubeconfigs), ("admissionchecks", check)],
+        120,
+    )

@@ -24,6 +24,7 @@ from sandbox.bench import forged as bench_forged
 from sandbox.bench import handover as bench_handover
 from sandbox.bench import overhead as bench_overhead
 from sandbox.bench import report as bench_report
+from sandbox.bench import runner as bench_runner
 from sandbox.bench import storm as bench_storm
 from sandbox.bench.procs import REFERENCE_TARGET
 from sandbox.jobsets import tpu_jobset
@@ -115,6 +116,7 @@ def test_cli_writes_json_and_markdown_reports(tmp_path, capsys):
         "bench",
         "--skip-cold-start",
         "--skip-handover",
+        "--skip-multikueue",
         "--events",
         "40",
         "--out",
@@ -377,3 +379,33 @@ def test_concurrent_deliveries_for_one_slice_send_one_create(ttl):
     assert [o.result for o in outcomes].count(CREATED) == 1
     assert sum(len(o.requested) for o in outcomes) == 2
     assert len(gke.managed_names(CLUSTER)) == 2
+
+
+def test_multikueue_targets_hold_the_run_to_the_floor_and_one_failed_attempt() -> None:
+    from sandbox.bench import multikueue as bench_multikueue
+
+    shape = bench_multikueue.MultiKueueShape(slices=2, op_seconds=10.0)
+    good = bench_multikueue.MultiKueueResult(
+        shape,
+        ran_in="central",
+        seconds_to_ready=31.0,
+        creates={"west": 2, "central": 2},
+        loser_pool_seconds=44.0,
+    )
+    targets = {t["name"]: t for t in bench_runner.multikueue_targets(good)}
+    assert all(t["met"] for t in targets.values()), targets
+    assert targets["multikueue: submission to all slices ready, one worker stocked out"]["limit"] == 40.0
+    # Stuck in the stocked-out worker: never ready, the wrong worker, pools held there.
+    stuck = bench_multikueue.MultiKueueResult(
+        shape, ran_in="", seconds_to_ready=None, creates={"west": 6, "central": 0}, loser_pool_seconds=600.0
+    )
+    missed = {t["name"] for t in bench_runner.multikueue_targets(stuck) if not t["met"]}
+    assert missed == {
+        "multikueue: submission to all slices ready, one worker stocked out",
+        "multikueue: the job ran in the worker with capacity",
+        "multikueue: pool-seconds in the worker that did not run it",
+        "multikueue: creates in the stocked-out worker <= slices",
+    }
+    lines = bench_report.multikueue_lines({"multikueue": bench_multikueue.as_dict(good)})
+    assert "| submission to every slice RUNNING | **31.0 s** in central |" in lines
+    assert bench_report.multikueue_lines({}) == []

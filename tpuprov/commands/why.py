@@ -129,7 +129,7 @@ def _explain_in(
     from shared.core.errors import NotFoundError
     from shared.tpu.pods import Pod
     from tpuprov.cluster import ClusterView
-    from tpuprov.why import explain
+    from tpuprov.why import MULTIKUEUE_MANAGED_BY, explain, explain_dispatched
 
     view = ClusterView(settings)
     if jobset_wanted:
@@ -137,6 +137,9 @@ def _explain_in(
         pods = view.pods(namespace, f"{labels.JOBSET_NAME}={name}")
         if jobset is None and not pods:
             return None
+        if jobset is not None and not pods and jobset.spec.get("managedBy") == MULTIKUEUE_MANAGED_BY:
+            events = view.events_about("JobSet", namespace, name, jobset.meta.uid)
+            return [(f"{namespace}/{name}", explain_dispatched(jobset, events))]
         # One pod per slice: the Job's first pod speaks for its pool.
         leaders: dict[tuple[str | None, str | None], Pod] = {}
         for pod in sorted(pods, key=lambda p: p.name):

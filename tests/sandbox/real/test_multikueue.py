@@ -11,8 +11,7 @@ workers, read through the three API servers and GKE.
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,18 +22,11 @@ from sandbox.realstack.demo import NAMESPACE, queued_jobset
 from sandbox.realstack.plane import ClusterPlane
 from sandbox.stack.config import ALL_FUNCTIONS, StackConfig
 from shared.app.deployment import RetryPolicy
-from shared.kueue.config import parse_config
-from shared.kueue.render import render
 from tests.paths import REPO
+from tpuprov.commands import why
+from tpuprov.main import build_parser
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    # Three control planes, each with its JobSet and Kueue: opt-in, as the two-cluster fleet is.
-    pytest.mark.skipif(
-        not os.environ.get("TPUPROV_MULTIKUEUE_STACK"), reason="TPUPROV_MULTIKUEUE_STACK=1 runs it"
-    ),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WORKERS = (("us-west4-a", "west"), ("us-central1-a", "central"))
 CONFIG = dataclasses.replace(
@@ -50,45 +42,10 @@ MK_CHECK = "multikueue"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
 
-def manager_queues() -> list[dict[str, Any]]:
-    """The tutorial's queues with the ``multikueue`` check instead of the product's (the manager
-    runs no pod: its ClusterQueue only hands Workloads to the workers)."""
-    plain = CHECK_CONFIG.replace("tpuSlicesCheck: true", "tpuSlicesCheck: false")
-    objects = [o for o in render(parse_config(plain)) if o["kind"] != "AdmissionCheck"]
-    for obj in objects:
-        if obj["kind"] == "ClusterQueue":
-            obj["spec"]["admissionChecksStrategy"] = {"admissionChecks": [{"name": MK_CHECK}]}
-    return objects
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[RealStack]:
     with RealStack(CONFIG) as running:
-        for plane in running.planes:
-            running.setup(timeout=300, cluster=plane.path)
-        for plane in running.fleet:
-            running.apply_kueue(CHECK_CONFIG, timeout=120, cluster=plane.path)
-        manager = running.home
-        assert manager.releases is not None
-        restarts = len(manager.releases.restarts)
-        mk.limit_frameworks(manager.kube_cluster)
-        running.wait_for(
-            lambda: len(manager.releases.restarts) > restarts and manager.releases.wait_ready("kueue", 1),  # type: ignore[union-attr]
-            120,
-            "the manager's Kueue restarted with the JobSet and Job frameworks only",
-        )
-        kubeconfigs = {
-            p.cluster_id.name: mk.worker_kubeconfig(p.kube_cluster, p.cluster_id.name) for p in running.fleet
-        }
-        mk.apply(
-            manager.kube_cluster, [*mk.manager_objects(kubeconfigs, MK_CHECK, "workers"), *manager_queues()]
-        )
-        api = manager.kube_cluster.client()
-        mk.wait_active(
-            api,
-            [*(("multikueueclusters", name) for name in kubeconfigs), ("admissionchecks", MK_CHECK)],
-            120,
-        )
+        mk.connect(running, CHECK_CONFIG, MK_CHECK)
         yield running
 
 
@@ -118,6 +75,10 @@ def workloads_now(stack: RealStack) -> str:
                 f"{plane.cluster_id.name}: {w['metadata']['name']} {conditions} {mk_fields} [{checks}]"
             )
     return "\n".join(lines)
+
+
+def _no_pools_in(stack: RealStack, path: str) -> Callable[[], bool]:
+    return lambda: not stack.managed_pools(path)
 
 
 def _creates_in(stack: RealStack, plane: ClusterPlane) -> int:
@@ -169,7 +130,7 @@ def test_multikueue_runs_the_jobset_in_one_worker_and_the_product_buys_only_ther
 
 @pytest.mark.timeout(900)
 def test_a_stockout_in_the_first_worker_moves_the_job_to_the_other_and_leaves_nothing(
-    stack: RealStack,
+    stack: RealStack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     west, central = (stack.plane(p.path) for p in stack.fleet)
     name = "mk-short"
@@ -192,9 +153,7 @@ def test_a_stockout_in_the_first_worker_moves_the_job_to_the_other_and_leaves_no
         lambda: stack.jobset_state(NAMESPACE, name) == "Completed", 120, "the manager's JobSet to complete"
     )
     for plane in (west, central):
-        stack.wait_for(
-            lambda p=plane: not stack.managed_pools(p.path), 240, f"{plane.cluster_id.name}'s pools to go"
-        )  # type: ignore[misc]
+        stack.wait_for(_no_pools_in(stack, plane.path), 240, f"{plane.cluster_id.name}'s pools to go")
     # West was tried once per slice at most, and nothing of the job is left there.
     assert _creates_in(stack, west) - west_before <= 2
     assert _creates_in(stack, central) - central_before == 2
@@ -205,6 +164,21 @@ def test_a_stockout_in_the_first_worker_moves_the_job_to_the_other_and_leaves_no
     ]
     assert short and "capacity short in west" in short[0]["message"]
     assert west.killed_pods() == [] and central.killed_pods() == []
+    # tpuprov why on the manager's JobSet says where it ran and why not in west.
+    for key, value in stack.env().items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    assert (
+        why.run(
+            build_parser().parse_args(
+                ["why", "--jobset", f"{NAMESPACE}/{name}", "--fleet-cluster", "manager"]
+            )
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "is run by Kueue's MultiKueue" in out and "runs in central" in out, out
+    assert "capacity short in west" in out, out
 
 
 @pytest.mark.timeout(600)
