@@ -232,3 +232,42 @@ def test_a_worker_whose_api_server_is_down_is_passed_over(stack: RealStack) -> N
     stack.wait_for(lambda: not stack.managed_pools(central.path), 240, "central's pool to go")
     assert west.jobset(NAMESPACE, name) is None
     assert [p for p in stack.managed_pools(west.path) if name in p["name"]] == []
+
+
+@pytest.mark.timeout(600)
+def test_capacity_back_in_west_while_central_provisions_does_not_move_the_job(stack: RealStack) -> None:
+    west, central = (stack.plane(p.path) for p in stack.fleet)
+    name = "mk-back"
+    stack.gke.set_capacity(west.cluster_id.location, "on-demand", 0)
+    west_before, central_before = _creates_in(stack, west), _creates_in(stack, central)
+    stack.gke.set_op_delay(8)  # central's creates are still running when west has capacity again
+    try:
+        stack.submit(queued_jobset(name, 2, run_seconds=5))
+        stack.wait_for(
+            lambda: len([p for p in stack.managed_pools(central.path) if name in p["name"]]) == 2,
+            240,
+            "the job to move to central and its two pools to be requested there",
+        )
+        stack.gke.set_capacity(west.cluster_id.location, "on-demand", None)
+        stack.wait_for(
+            lambda: stack.jobset_state(NAMESPACE, name) == "Completed",
+            300,
+            "the manager's JobSet to complete",
+        )
+    finally:
+        stack.gke.set_op_delay(1.0)
+        stack.gke.set_capacity(west.cluster_id.location, "on-demand", None)
+    for plane in (west, central):
+        stack.wait_for(_no_pools_in(stack, plane.path), 240, f"{plane.cluster_id.name}'s pools to go")
+    # It ran where it was placed; west saw only its one failed attempt.
+    assert central.jobset_state(NAMESPACE, name) in ("Completed", "Gone")
+    assert _creates_in(stack, central) - central_before == 2
+    assert _creates_in(stack, west) - west_before <= 2
+    assert west.jobset(NAMESPACE, name) is None
+    told = [
+        e["message"]
+        for e in stack.events("TPUWorkerChosen", NAMESPACE)
+        if e["involvedObject"]["name"] == name
+    ]
+    assert any(m.startswith("runs in central") for m in told), told
+    assert west.killed_pods() == [] and central.killed_pods() == []
