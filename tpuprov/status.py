@@ -120,10 +120,12 @@ def owner_state(pool: NodePoolInfo, jobset: JobSet | None) -> str:
 
 
 def capacity_of(pool: NodePoolInfo, node_labels: Iterable[Mapping[str, str]]) -> str:
-    """On-demand, spot, flex-start or reservation:<name>: what GKE says of the pool, else its and its
-    nodes' labels (a capacity-policy fallback makes pools of capacity the pods did not select)."""
+    """On-demand, spot, flex-start or reservation:<name>[/BLOCK[/SUB_BLOCK]]: what GKE says of the
+    pool (the block or sub-block its affinity targets, as the look before buying placed it), else its
+    and its nodes' labels (a capacity-policy fallback makes pools of capacity the pods did not select)."""
     if pool.reservation:
-        return f"reservation:{pool.reservation}"
+        place = f"/{pool.reservation_place}" if pool.reservation_place else ""
+        return f"reservation:{pool.reservation}{place}"
     if pool.spot:
         return "spot"
     if pool.flex_start:

@@ -40,7 +40,7 @@ from shared.tpu.nodepools import (
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
-from shared.tpu.workloads import WorkloadView, parse_workload
+from shared.tpu.workloads import MultiKueueClusterView, WorkloadView, parse_workload
 
 # GKE's own texts (see sandbox/emulators/gke/state.py for where they come from).
 _TOO_MANY = (
@@ -284,6 +284,7 @@ class FakeKube:
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
         self.flavors: dict[str, dict[str, Any]] = {}
         self.cluster_queues: dict[str, dict[str, Any]] = {}
+        self.multikueue_clusters: dict[str, dict[str, Any]] = {}  # name -> object (a manager's)
         self.admission_checks: dict[str, str] = {}  # AdmissionCheck name -> its Active message ("" unset)
         self.check_writes: list[tuple[str, str, dict[str, Any]]] = []
         self.reads = 0
@@ -512,6 +513,39 @@ class FakeKube:
         """Workloads' views, optionally in one namespace."""
         self._read()
         return [parse_workload(w) for (ns, _), w in sorted(self.workloads.items()) if namespace in (None, ns)]
+
+    def get_multikueue_cluster(self, name: str) -> MultiKueueClusterView:
+        """One MultiKueueCluster or NotFoundError."""
+        self._read()
+        try:
+            return MultiKueueClusterView.parse(copy.deepcopy(self.multikueue_clusters[name]))
+        except KeyError:
+            raise NotFoundError(f'404 multikueueclusters.kueue.x-k8s.io "{name}" not found') from None
+
+    def annotate_multikueue_cluster(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str, why: str
+    ) -> None:
+        """Merge-patch its annotations; 409 Conflict when ``resource_version`` is stale."""
+        if self.down:
+            raise TransientError("Kubernetes API unreachable: connection refused")
+        stored = self.multikueue_clusters.get(name)
+        if stored is None:
+            raise NotFoundError(f'404 multikueueclusters.kueue.x-k8s.io "{name}" not found')
+        meta = stored.setdefault("metadata", {"name": name})
+        current = str(meta.setdefault("resourceVersion", "1"))
+        if resource_version and resource_version != current:
+            raise ConflictError(
+                f'409 Operation cannot be fulfilled on multikueueclusters.kueue.x-k8s.io "{name}": the '
+                "object has been modified; please apply your changes to the latest version and try again"
+            )
+        merged = dict(meta.get("annotations") or {})
+        for key, value in annotations.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        meta["annotations"] = merged
+        meta["resourceVersion"] = str(int(current) + 1)
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One ClusterQueue or NotFoundError."""

@@ -106,6 +106,10 @@ class _Peers:
         member = self.runtime.member(path)
         return member.kube() if member is not None else None
 
+    def capacity(self, path: str) -> Services | None:
+        member = self.runtime.member(path)
+        return services(member) if member is not None else None
+
 
 def services(runtime: Runtime) -> Services:
     """The instance's shared services, built once and handed to every orchestrator below (one

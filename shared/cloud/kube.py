@@ -36,7 +36,7 @@ from shared.tpu.jobsets import JobSet
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
-from shared.tpu.workloads import WorkloadView, parse_workload
+from shared.tpu.workloads import MultiKueueClusterView, WorkloadView, parse_workload
 
 log = logs.get("kube")
 
@@ -211,6 +211,31 @@ class KubeClient:
         where = f"/namespaces/{quote(namespace)}" if namespace else ""
         path = f"{KUEUE_PATH}{where}/workloads"
         return [parse_workload(w) for w in self._list(path)]
+
+    def get_multikueue_cluster(self, name: str) -> MultiKueueClusterView:
+        """One MultiKueueCluster (a MultiKueue manager's). Raises NotFoundError."""
+        return MultiKueueClusterView.parse(
+            self._call("GET", f"{KUEUE_PATH}/multikueueclusters/{quote(name)}")
+        )
+
+    def annotate_multikueue_cluster(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str, why: str
+    ) -> None:
+        """Merge-patch a MultiKueueCluster's annotations on the condition that it is unchanged (409
+        Conflict otherwise, as ``annotate_jobset``)."""
+        patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
+        logs.decision(log, "kube.annotate_multikueue_cluster", why, multikueue_cluster=name)
+        try:
+            request_json(
+                self.api_client,
+                "PATCH",
+                f"{KUEUE_PATH}/multikueueclusters/{quote(name)}",
+                body=patch,
+                content_type="application/merge-patch+json",
+                timeout=self.timeout,
+            )
+        except AlreadyExistsError as exc:  # a 409 on an update is a Conflict, not "exists"
+            raise ConflictError(exc.why) from None
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One Kueue ClusterQueue. Raises NotFoundError."""

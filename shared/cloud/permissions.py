@@ -71,6 +71,9 @@ CALLS: Mapping[str, tuple[str, ...]] = {
     "KubeAPI.list_workloads": ("container.thirdPartyObjects.list",),
     "KubeAPI.get_resource_flavor": ("container.thirdPartyObjects.get",),
     "KubeAPI.get_cluster_queue": ("container.thirdPartyObjects.get",),
+    # A MultiKueue manager's MultiKueueCluster: the fleet's record of a worker's capacity shortages.
+    "KubeAPI.get_multikueue_cluster": ("container.thirdPartyObjects.get",),
+    "KubeAPI.annotate_multikueue_cluster": ("container.thirdPartyObjects.update",),
     "KubeAPI.set_admission_check_state": ("container.thirdPartyObjects.update",),
     "KubeAPI.set_admission_check_active": ("container.thirdPartyObjects.update",),
 }

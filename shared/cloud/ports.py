@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from shared.tpu.nodes import Node
     from shared.tpu.owners import Job
     from shared.tpu.pods import Pod
-    from shared.tpu.workloads import WorkloadView
+    from shared.tpu.workloads import MultiKueueClusterView, WorkloadView
 
 
 class NodePoolAPI(Protocol):
@@ -176,6 +176,17 @@ class KubeAPI(Protocol):
 
     def list_workloads(self, namespace: str | None = None) -> list[WorkloadView]:
         """Kueue Workloads, optionally in one namespace, as their views."""
+        ...
+
+    def get_multikueue_cluster(self, name: str) -> MultiKueueClusterView:
+        """One MultiKueueCluster of a MultiKueue manager. Raises NotFoundError."""
+        ...
+
+    def annotate_multikueue_cluster(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str, why: str
+    ) -> None:
+        """Merge-patch a MultiKueueCluster's annotations if unchanged since ``resource_version``
+        (ConflictError otherwise; None removes a key)."""
         ...
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:

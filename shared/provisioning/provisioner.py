@@ -131,6 +131,16 @@ class Provisioner:
             # No Job made this pod, whatever its labels say: refused before any read (a forged pod
             # costs no GKE listing).
             return self._refuse(pod, f"nothing is provisioned for it: {unowned}", slice_desc)
+        orphaned = pod.orphaned_follower
+        if orphaned:
+            why = (
+                f'JobSet\'s exclusive placement gave this follower pod nodeSelector {orphaned}="" '
+                "(its webhook found no node for the Job's leader pod: kubernetes-sigs/jobset issue 1088), "
+                f"which no node carries: it can never schedule. Delete it (kubectl delete pod -n "
+                f"{pod.namespace} {pod.name}) and its Job makes a new one that follows the leader; "
+                "nothing is provisioned for it"
+            )
+            return self._refuse(pod, why, slice_desc, jobset=self._proven(pod))
         specs = Specs(self.settings, self.cluster())
         try:
             spec, shape = specs.of(request)
@@ -408,6 +418,15 @@ class Provisioner:
         except Refused:
             return owned.jobset
         return None
+
+    def _proven(self, pod: Pod) -> JobSet | None:
+        """The pod's JobSet when the pod is proven one of its pods (None otherwise)."""
+        try:
+            return self.owners.of_pod(pod).jobset
+        except JobSetRefused as exc:
+            return exc.jobset
+        except (NotEligible, Refused):
+            return None
 
     def _refuse(
         self, pod: Pod, why: str, slice_desc: str, pool: str = "", jobset: JobSet | None = None

@@ -70,6 +70,7 @@ class Services:
         self.clock = clock
         self.wall_clock = wall_clock
         self.policies = policies
+        self.reservations = reservations
         self.known_pools = KnownPools(known_pool_ttl, clock)
         self.slots = Slots(settings, gke, kube, clock=clock)
         self.releaser = Releaser(settings, gke, kube, sleep=sleep, forget=self.known_pools.forget)

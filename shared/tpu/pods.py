@@ -121,6 +121,21 @@ class Pod:
         """Succeeded or Failed: the pod holds no node any more."""
         return self.phase in FINISHED_PHASES
 
+    @property
+    def orphaned_follower(self) -> str:
+        """The exclusive-topology key a follower pod selects with an empty value ("" when it does not).
+
+        JobSet's pod webhook (v0.10.1, ``pkg/webhooks/pod_mutating_webhook.go`` ``topologyFromPod``)
+        copies the leader pod's node's topology label into each follower's nodeSelector; when it
+        cannot find that node (its cache has not seen it yet, e.g. after an API server restart, or
+        the node is gone) it ignores NotFound and writes an empty value (kubernetes-sigs/jobset
+        issue 1088). No node carries that, and JobSet's pod controller does not repair it (its
+        mismatch check returns an error before it would delete the followers): the pod stays
+        Pending for good, and only deleting it (its Job then makes a new one) helps."""
+        key = self.annotations.get(labels.EXCLUSIVE_TOPOLOGY, "")
+        follower = self.labels.get(labels.JOB_COMPLETION_INDEX, "0") != "0"
+        return key if key and follower and self.selected.get(key) == "" else ""
+
     def jobset_value(self, key: str) -> str | None:
         """A JobSet identity key: its label, else its annotation (labels are cut at 63 characters)."""
         return self.labels.get(key) or self.annotations.get(key)

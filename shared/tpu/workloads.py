@@ -45,6 +45,26 @@ PREBUILT_WORKLOAD = "kueue.x-k8s.io/prebuilt-workload-name"
 
 
 @dataclasses.dataclass(frozen=True)
+class MultiKueueClusterView:
+    """A MultiKueue manager's ``MultiKueueCluster`` (cluster-scoped, written by the manager's
+    administrators; Kueue ignores annotations on it), as the product reads it: where it keeps what
+    the fleet learnt of that worker's capacity."""
+
+    name: str
+    annotations: Mapping[str, str]
+    resource_version: str
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> MultiKueueClusterView:
+        meta = obj.get("metadata") or {}
+        return cls(
+            str(meta.get("name") or ""),
+            {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+            str(meta.get("resourceVersion") or ""),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckState:
     """One entry of ``status.admissionChecks``."""
 

@@ -252,3 +252,10 @@ def test_the_table_explains_every_pool_not_simply_in_use() -> None:
     assert text.splitlines()[0].split()[:5] == ["POOL", "OWNER", "OWNER-STATE", "STATE", "NEXT"]
     assert text.endswith(f"\n{POOL.name}: keep: JobSet team-a/old completed 60s ago; grace is 600s\n")
     assert "0 leaks" in text
+
+
+def test_a_reservation_pool_names_the_block_and_sub_block_it_was_placed_in() -> None:
+    placed = NodePoolInfo(name="tpu-a", status="RUNNING", reservation="res-dense", reservation_place="b1/s2")
+    assert status.capacity_of(placed, []) == "reservation:res-dense/b1/s2"
+    whole = NodePoolInfo(name="tpu-b", status="RUNNING", reservation="res-dense")
+    assert status.capacity_of(whole, []) == "reservation:res-dense"

@@ -158,7 +158,12 @@ class AdmissionChecker:
         )
 
     def _verdict(self, workload: WorkloadView) -> tuple[CheckVerdict, tuple[str, ...]]:
-        placed = self.multikueue.verdict(workload)
+        placed = self.multikueue.verdict(
+            workload,
+            lambda jobset: workload_slices(
+                jobset, workload.pod_sets, self._flavor_labels(workload), self.settings.max_vms_per_jobset
+            ),
+        )
         if placed is not None:  # a MultiKueue worker's copy: Ready in the one worker chosen
             return CheckVerdict(placed.state, placed.message), ()
         if workload.owner_kind != "JobSet":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from shared.cloud.ports import KubeAPI, NodePoolAPI
@@ -49,7 +49,9 @@ class Attempts:
 class Exhausted(Protocol):
     """Who is told when a JobSet's slice ran out of capacity options in this cluster."""
 
-    def short(self, jobset: JobSet, why: str) -> bool: ...
+    def short(
+        self, jobset: JobSet, why: str, replicated_job: str = "", options: Sequence[str] = ()
+    ) -> bool: ...
 
 
 class Fallback:
@@ -99,11 +101,13 @@ class Fallback:
         failure = self.backoff.observe(
             jobset, spec.name, reason, pool_made=False, tried=capacity.key_of_spec(spec), options=keys
         )
-        return self._told(jobset, failure, reason)
+        return self._told(jobset, failure, reason, request.slice_id.replicated_job, keys)
 
-    def _told(self, jobset: JobSet, failure: backoff.Failure, why: str) -> backoff.Failure:
+    def _told(
+        self, jobset: JobSet, failure: backoff.Failure, why: str, replicated_job: str, keys: Sequence[str]
+    ) -> backoff.Failure:
         if not failure.next and self.placement is not None:
-            self.placement.short(jobset, why)
+            self.placement.short(jobset, why, replicated_job, keys)
         return failure
 
     def observe_owned(self, jobset: JobSet, pool: NodePoolInfo) -> backoff.Failure:
@@ -130,7 +134,8 @@ class Fallback:
             tried=capacity.key_of_pool(pool),
             options=keys,
         )
-        return self._told(jobset, failure, f"{pool.name}: {pool.status_message or 'status ERROR'}")
+        why = f"{pool.name}: {pool.status_message or 'status ERROR'}"
+        return self._told(jobset, failure, why, pool.owner.replicated_job, keys)
 
     def recycle(self, jobset: JobSet, pool: NodePoolInfo, failure: backoff.Failure) -> None:
         """Delete a failed pool whose slice falls back to other capacity, under the occupancy rule."""

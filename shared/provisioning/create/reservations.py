@@ -34,7 +34,7 @@ from shared.cloud.ports import ReservationAPI
 from shared.core import logs
 from shared.core.errors import CapacityUnavailableError, NotFoundError
 from shared.core.settings import Settings
-from shared.tpu import reservations
+from shared.tpu import catalog, reservations
 from shared.tpu.nodepools import STATUS_PROVISIONING, NodePoolInfo, NodePoolSpec, Reservation
 
 log = logs.get("reservations")
@@ -102,6 +102,29 @@ class ReservationLook:
             log, "reservation.placed", f"{spec.name}: {fit.why}", pool=spec.name, reservation=target.value
         )
         return Placed(dataclasses.replace(spec, reservation=target), fit.why)
+
+    def room(
+        self, wanted: Reservation, zone: str, shape: catalog.SliceShape, slices: int
+    ) -> tuple[bool, str]:
+        """Whether ``slices`` pools of ``shape`` would all fit in ``wanted`` now (each placed as
+        ``place`` would, after the ones before it), and Compute's figures for the first; a read only,
+        nothing is claimed. Raises what the read raises, except NotFoundError (no room)."""
+        project = wanted.project or self.settings.project_id
+        zone = zone or self.settings.location
+        try:
+            view = self.api.get_reservation(project, zone, wanted.name)
+        except NotFoundError as exc:
+            return False, f"reservation {wanted.base} not found in zone {zone}: {exc.why}"
+        claimed = self._claimed(wanted, [])
+        said = ""
+        for index in range(slices):
+            fit = reservations.place(view, shape.num_vms, shape.machine_type, claimed)
+            if isinstance(fit, reservations.NoFit):
+                return False, fit.why if index == 0 else f"{fit.why} (slice {index + 1} of {slices})"
+            key = reservations.target_key(fit.block, fit.sub_block)
+            claimed[key] = claimed.get(key, 0) + shape.num_vms
+            said = said or fit.why
+        return True, f"{said}; room for all {slices} slices" if slices > 1 else said
 
     def forget(self, pool: str) -> None:
         """The create of ``pool`` was not accepted: its claim holds no room."""

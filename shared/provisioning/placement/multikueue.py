@@ -14,14 +14,21 @@ So the product's check in the workers decides where the job runs: it is ``Ready`
 chosen here and stays ``Pending`` in the others, which create nothing. The chosen worker's pools are
 created for the JobSet MultiKueue creates there once its copy is admitted (the pending-pod path:
 that JobSet owns them, and its end or deletion releases them), so nothing is bought for a copy that
-may lose. The choice is the same in every worker (it is a function of what all of them read): the
-workers the manager nominated, in the fleet's configured order (the managed cluster, then
-``FLEET_CLUSTERS``), skipping those where capacity for this job was short less than
-``MULTIKUEUE_SHORTAGE_SECONDS`` ago.
+may lose.
+
+The choice is made once per manager Workload and recorded on its JobSet (``PLACEMENT``), by
+whichever worker's check answers first; every other worker reads it. It is made from data
+(``shared.provisioning.placement.outlook``): of the workers the manager nominated, one with a
+reservation that has room for every slice first, then one with nothing known against it, then one
+where the job's shape was short recently (the fleet's record on the manager's MultiKueueCluster),
+then one where this very job was short less than ``MULTIKUEUE_SHORTAGE_SECONDS`` ago; the fleet's
+configured order (the managed cluster, then ``FLEET_CLUSTERS``) breaks ties. A recorded worker
+that is no longer nominated (MultiKueue lost its connection) is chosen again from the others.
 
 When the chosen worker cannot get the capacity (its create is refused or its pool fails and the
 capacity policy has no further option there), :meth:`MultiKueuePlacement.short` records the
-shortage on the manager's JobSet and sets the worker copy's check to ``Retry``: Kueue evicts it
+shortage on the manager's JobSet (removing its recorded choice) and on its MultiKueueCluster of the
+worker (for later jobs of the shape), and sets the worker copy's check to ``Retry``: Kueue evicts it
 there, the manager resets its own check and sends new copies (``MultiKueueRedoAdmissionOnEvictionInWorker``,
 GA in 0.18), and the choice moves on to the next worker. The JobSet MultiKueue had created in the
 short worker is deleted with the copy, and release deletes its pools.
@@ -30,7 +37,6 @@ short worker is deleted with the copy, and release deletes its pools.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -38,8 +44,20 @@ from typing import Protocol
 
 from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
-from shared.core.errors import ConflictError, NotFoundError
+from shared.core.errors import ConflictError, NotEligible, NotFoundError, Refused
 from shared.core.settings import Settings
+from shared.provisioning.placement import outlook as outlooks
+from shared.provisioning.placement.outlook import (
+    JOB_SHORT,
+    OPEN,
+    ROOM,
+    Outlook,
+    PeerCapacity,
+    parse_time,
+    stamp,
+)
+from shared.tpu import catalog
+from shared.tpu.declared import declared_request
 from shared.tpu.jobsets import JobSet
 from shared.tpu.workloads import (
     MULTIKUEUE_ORIGIN_LABEL,
@@ -47,6 +65,7 @@ from shared.tpu.workloads import (
     PREBUILT_WORKLOAD,
     READY,
     RETRY,
+    WorkloadSlice,
     WorkloadView,
 )
 
@@ -55,8 +74,15 @@ log = logs.get("multikueue")
 # On the manager's JobSet: {worker: when capacity for it was short there (RFC 3339)}. The JobSet's
 # owner could edit it, which steers only that owner's own job.
 SHORTAGES = f"{labels.PRODUCT_DOMAIN}/multikueue-shortages"
+# On the manager's JobSet: the worker chosen for its Workload, {"workload": uid, "worker": name,
+# "why": text, "at": RFC 3339}. Written once, conditionally on the JobSet's resourceVersion, by
+# whichever worker's check answers first, and read by every other: the choice is made from reads
+# (GKE, Compute Engine) that two workers could make a second apart and see differently, and a
+# recorded choice makes exactly one of them Ready however they interleave. Removed with a shortage.
+PLACEMENT = f"{labels.PRODUCT_DOMAIN}/multikueue-placement"
 REASON_CHOSEN = "TPUWorkerChosen"
 REASON_SHORT = "TPUWorkerShort"
+_WRITE_ATTEMPTS = 3  # conditional writes retried after a conflict, each after a fresh read
 
 
 class FleetPeers(Protocol):
@@ -68,6 +94,10 @@ class FleetPeers(Protocol):
 
     def kube(self, path: str) -> KubeAPI | None:
         """That fleet cluster's Kubernetes API (None: not in the fleet)."""
+        ...
+
+    def capacity(self, path: str) -> PeerCapacity | None:
+        """That fleet cluster's own view of its capacity (None: not in the fleet)."""
         ...
 
 
@@ -91,11 +121,8 @@ def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def _time(text: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+_time = parse_time
+_stamp = stamp
 
 
 def shortages(jobset: JobSet, now: float, seconds: float) -> dict[str, float]:
@@ -114,9 +141,23 @@ def shortages(jobset: JobSet, now: float, seconds: float) -> dict[str, float]:
     return found
 
 
+def recorded(jobset: JobSet | None, workload_uid: str) -> Placement | None:
+    """The choice recorded on the manager's JobSet for the Workload ``workload_uid`` (None: none, or
+    one made for another Workload of the JobSet)."""
+    if jobset is None:
+        return None
+    try:
+        raw = json.loads(jobset.meta.annotations.get(PLACEMENT) or "{}")
+    except ValueError:
+        return None
+    if not isinstance(raw, Mapping) or not raw.get("worker") or str(raw.get("workload")) != workload_uid:
+        return None
+    return Placement(str(raw["worker"]), str(raw.get("why") or "recorded"))
+
+
 def choose(candidates: Sequence[str], short: Mapping[str, float]) -> Placement:
-    """The first candidate (configured order) with no recent shortage; when every one had one, the
-    one short longest ago (capacity may be back there first)."""
+    """The configured order and this job's own shortages alone (a Workload no JobSet owns, whose
+    choice cannot be recorded: every worker must reach the same answer from the same reads)."""
     if not candidates:
         raise ValueError("no candidate worker")
     for worker in candidates:
@@ -130,8 +171,25 @@ def choose(candidates: Sequence[str], short: Mapping[str, float]) -> Placement:
     return Placement(worker, f"capacity was short in every worker recently; {worker}'s longest ago")
 
 
-def _stamp(now: float) -> str:
-    return datetime.datetime.fromtimestamp(now, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def rank(candidates: Sequence[str], looks: Mapping[str, Outlook]) -> Placement:
+    """The best-ranked candidate (``shared.provisioning.placement.outlook``), the fleet's order
+    breaking ties, and why: its own reason, and what put the workers before it in order behind."""
+    if not candidates:
+        raise ValueError("no candidate worker")
+    order = {w: i for i, w in enumerate(candidates)}
+    best = min(candidates, key=lambda w: (looks[w].rank, order[w]))
+    chosen = looks[best]
+    if chosen.rank == ROOM:
+        why = chosen.why
+    elif chosen.rank == OPEN:
+        why = f"first in the fleet's order with nothing known against it ({chosen.why})"
+    else:
+        why = f"every worker is worse off: {chosen.why}"
+    # Every worker before it in the fleet's order ranked worse (an equal one would have won).
+    passed = [looks[w] for w in candidates[: order[best]]]
+    if passed:
+        why += "; not " + "; not ".join(f"{o.worker}: {o.why}" for o in passed)
+    return Placement(best, why)
 
 
 class MultiKueuePlacement:
@@ -157,13 +215,17 @@ class MultiKueuePlacement:
         assert self.peers is not None
         return self.peers.kube(self.settings.multikueue_manager)
 
-    def _fleet_names(self) -> list[str]:
+    def _fleet(self) -> dict[str, str]:
+        """Fleet cluster name -> path, in the fleet's order."""
         assert self.peers is not None
-        return [_name(p) for p in self.peers.paths()]
+        return {_name(p): p for p in self.peers.paths()}
 
-    def verdict(self, copy: WorkloadView) -> Placed | None:
+    def verdict(
+        self, copy: WorkloadView, slices_of: Callable[[JobSet], Sequence[WorkloadSlice]] | None = None
+    ) -> Placed | None:
         """The check's state for a worker copy of a manager's Workload; None for any other Workload
-        (and when no MULTIKUEUE_MANAGER is set: the check answers it as any Workload)."""
+        (and when no MULTIKUEUE_MANAGER is set: the check answers it as any Workload). ``slices_of``
+        gives the TPU slices of the manager's JobSet as this worker derives them (its flavors)."""
         if not copy.origin or not self.on:
             return None
         manager = self._manager()
@@ -178,7 +240,7 @@ class MultiKueuePlacement:
         if original.cluster_name:
             placement = Placement(original.cluster_name, "MultiKueue placed it there")
         else:
-            fleet = self._fleet_names()
+            fleet = self._fleet()
             candidates = [w for w in fleet if w in original.nominated]
             if me not in candidates:
                 unknown = [w for w in original.nominated if w not in fleet]
@@ -190,22 +252,7 @@ class MultiKueuePlacement:
                         "(a MultiKueueCluster is named as its GKE cluster)"
                     )
                 return Placed(PENDING, why)
-            short: dict[str, float] = {}
-            jobset: JobSet | None = None
-            if original.owner_kind == "JobSet":
-                try:
-                    jobset = manager.get_jobset(copy.namespace, original.owner_name)
-                    short = shortages(jobset, self.wall_clock(), self.settings.multikueue_shortage_seconds)
-                except NotFoundError:
-                    pass
-            placement = choose(candidates, short)
-            if placement.worker == me:
-                self._tell(
-                    manager,
-                    original,
-                    REASON_CHOSEN,
-                    f"runs in {me} ({self.settings.location}): {placement.why}",
-                )
+            placement = self._place(manager, original, candidates, slices_of)
         if placement.worker != me:
             return Placed(
                 PENDING, f"MultiKueue: runs in {placement.worker}, {placement.why}; nothing is bought here"
@@ -216,10 +263,105 @@ class MultiKueuePlacement:
             "created for the JobSet MultiKueue creates here once this copy is admitted",
         )
 
-    def short(self, jobset: JobSet, why: str) -> bool:
+    def _place(
+        self,
+        manager: KubeAPI,
+        original: WorkloadView,
+        candidates: Sequence[str],
+        slices_of: Callable[[JobSet], Sequence[WorkloadSlice]] | None,
+    ) -> Placement:
+        """The recorded choice for ``original`` while its worker is still nominated; else a new one,
+        made from the workers' outlooks and recorded (a conflict: read again, someone chose)."""
+        if original.owner_kind != "JobSet":
+            placement = choose(candidates, {})
+            if placement.worker == self.settings.cluster_name:
+                self._tell(manager, original, REASON_CHOSEN, self._chosen(placement))
+            return placement
+        placement = choose(candidates, {})
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                jobset = manager.get_jobset(original.namespace, original.owner_name)
+            except NotFoundError:
+                return placement  # the JobSet is gone: MultiKueue removes the copies
+            kept = recorded(jobset, original.uid)
+            if kept is not None and kept.worker in candidates:
+                return kept
+            placement = self._decide(manager, jobset, candidates, slices_of)
+            entry = {"workload": original.uid, "worker": placement.worker, "why": placement.why}
+            entry["at"] = _stamp(self.wall_clock())
+            try:
+                manager.annotate_jobset(
+                    jobset.namespace,
+                    jobset.name,
+                    {PLACEMENT: json.dumps(entry, sort_keys=True)},
+                    jobset.meta.resource_version,
+                    f"MultiKueue worker chosen: {placement.worker}",
+                )
+            except ConflictError:
+                continue
+            except NotFoundError:
+                return placement
+            self._tell(manager, original, REASON_CHOSEN, self._chosen(placement))
+            logs.decision(
+                log,
+                "multikueue.chosen",
+                f"Workload {original.key}: {self._chosen(placement)}",
+                worker=placement.worker,
+            )
+            return placement
+        return placement
+
+    def _chosen(self, placement: Placement) -> str:
+        assert self.peers is not None
+        path = self._fleet().get(placement.worker, "")
+        peer = self.peers.capacity(path) if path else None
+        location = f" ({peer.settings.location})" if peer is not None else ""
+        return f"runs in {placement.worker}{location}: {placement.why}"
+
+    def _decide(
+        self,
+        manager: KubeAPI,
+        jobset: JobSet,
+        candidates: Sequence[str],
+        slices_of: Callable[[JobSet], Sequence[WorkloadSlice]] | None,
+    ) -> Placement:
+        assert self.peers is not None
+        now = self.wall_clock()
+        job_short = shortages(jobset, now, self.settings.multikueue_shortage_seconds)
+        try:
+            slices = list(slices_of(jobset)) if slices_of is not None else []
+        except Refused:
+            slices = []  # the chosen worker's check and pods say what is wrong with it
+        fleet = self._fleet()
+        looks: dict[str, Outlook] = {}
+        for worker in candidates:
+            if worker in job_short:
+                ago = int(now - job_short[worker])
+                looks[worker] = Outlook(
+                    worker, JOB_SHORT, f"capacity for this job was short there {ago}s ago"
+                )
+                continue
+            peer = self.peers.capacity(fleet[worker])
+            if peer is None:
+                looks[worker] = Outlook(worker, OPEN, "not in the fleet")
+                continue
+            looks[worker] = outlooks.outlook(
+                worker, peer, jobset, slices, self._fleet_shortages(manager, worker, now), now
+            )
+        return rank(candidates, looks)
+
+    def _fleet_shortages(self, manager: KubeAPI, worker: str, now: float) -> dict[str, outlooks.Shortage]:
+        try:
+            view = manager.get_multikueue_cluster(worker)
+        except NotFoundError:
+            return {}
+        return outlooks.shortages_of(view.annotations, now, self.settings.multikueue_shortage_seconds)
+
+    def short(self, jobset: JobSet, why: str, replicated_job: str = "", options: Sequence[str] = ()) -> bool:
         """Capacity for ``jobset`` (a JobSet MultiKueue created in this worker) is short here with
-        no option left: record it on the manager's JobSet and set this copy's check to Retry so that
-        MultiKueue places the job again, elsewhere. Whether it did."""
+        no option left (``options``: the capacity options of ``replicated_job`` tried): record it on
+        the manager's JobSet and on its MultiKueueCluster of this worker, and set this copy's check
+        to Retry so that MultiKueue places the job again, elsewhere. Whether it did."""
         if not self.on or jobset.meta.labels.get(MULTIKUEUE_ORIGIN_LABEL) is None:
             return False
         workload_name = jobset.meta.annotations.get(PREBUILT_WORKLOAD) or jobset.meta.labels.get(
@@ -242,6 +384,7 @@ class MultiKueuePlacement:
         now = self.wall_clock()
         if original.owner_kind == "JobSet":
             self._record_shortage(manager, jobset.namespace, original.owner_name, me, now)
+        self._record_fleet_shortage(manager, jobset, replicated_job, options, now)
         message = f"capacity short in {me} ({self.settings.location}): {why}; MultiKueue places the job again"
         self.kube.set_admission_check_state(
             copy.namespace,
@@ -258,7 +401,9 @@ class MultiKueuePlacement:
         return True
 
     def _record_shortage(self, manager: KubeAPI, namespace: str, name: str, worker: str, now: float) -> None:
-        for _ in range(3):  # a concurrent write of the JobSet: read again and retry
+        """This job's shortage in ``worker``, and its recorded choice removed (the next copies choose
+        again, with the shortage)."""
+        for _ in range(_WRITE_ATTEMPTS):  # a concurrent write of the JobSet: read again and retry
             try:
                 jobset = manager.get_jobset(namespace, name)
                 record = shortages(jobset, now, self.settings.multikueue_shortage_seconds)
@@ -267,7 +412,7 @@ class MultiKueuePlacement:
                 manager.annotate_jobset(
                     namespace,
                     name,
-                    {SHORTAGES: json.dumps(stamps, sort_keys=True)},
+                    {SHORTAGES: json.dumps(stamps, sort_keys=True), PLACEMENT: None},
                     jobset.meta.resource_version,
                     f"capacity short in {worker}",
                 )
@@ -276,6 +421,41 @@ class MultiKueuePlacement:
                 continue
             except NotFoundError:
                 return
+
+    def _record_fleet_shortage(
+        self, manager: KubeAPI, jobset: JobSet, replicated_job: str, options: Sequence[str], now: float
+    ) -> None:
+        """The shape of ``replicated_job`` short in this worker, on the manager's MultiKueueCluster
+        of it, for every later job of the shape (``outlook``). Best effort: without the record the
+        next job of the shape tries here once, as this one did."""
+        if not replicated_job or not options:
+            return
+        try:
+            request = declared_request(jobset, replicated_job, 0)
+            shape = catalog.resolve(request.accelerator, request.topology, request.chips_per_vm)
+        except (NotEligible, Refused, catalog.UnsupportedShape):
+            return
+        key = outlooks.shape_key(shape.accelerator, shape.topology)
+        me = self.settings.cluster_name
+        seconds = self.settings.multikueue_shortage_seconds
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                view = manager.get_multikueue_cluster(me)
+                manager.annotate_multikueue_cluster(
+                    me,
+                    {
+                        outlooks.CAPACITY_SHORT: outlooks.with_shortage(
+                            view.annotations, key, options, now, seconds
+                        )
+                    },
+                    view.resource_version,
+                    f"{key} short in {me}",
+                )
+                return
+            except ConflictError:
+                continue
+            except NotFoundError:
+                return  # no MultiKueueCluster of this name: workers are named as their clusters
 
     def _tell(
         self, manager: KubeAPI, original: WorkloadView, reason: str, message: str, warning: bool = False

@@ -32,6 +32,7 @@ from sandbox.realstack.demo import (
     queued_jobset,
 )
 from shared.app.deployment import TOPIC_PREFIX, RetryPolicy, wiring
+from shared.core import labels
 from shared.events import entries as logentries
 from shared.events.fields import ClusterId
 from tests.cli.goldens import assert_golden
@@ -201,6 +202,17 @@ def _is_outage_reservation(entry: Mapping[str, Any]) -> bool:
     return payload.get("reason") == "QuotaReserved" and OUTAGE in str(involved.get("name", ""))
 
 
+def _outage_jobset() -> dict[str, Any]:
+    """One slice, without JobSet's exclusive placement. Its Job's pods are created as soon as the
+    API server is back, while JobSet's controller may still be re-listing Nodes: its pod webhook
+    (v0.10.1) then gives a follower an empty node-pool selector for good (kubernetes-sigs/jobset
+    issue 1088; the product refuses such a pod with what to do). This scenario is about the
+    product's convergence, not that race."""
+    jobset = queued_jobset(OUTAGE, 1, run_seconds=5)
+    jobset["metadata"]["annotations"].pop(labels.EXCLUSIVE_TOPOLOGY)
+    return jobset
+
+
 @pytest.mark.timeout(900)
 def test_a_cluster_whose_api_server_is_down_delays_no_other_and_converges_when_back(
     stack: RealStack,
@@ -210,7 +222,7 @@ def test_a_cluster_whose_api_server_is_down_delays_no_other_and_converges_when_b
     # West's Workload has its quota reserved; the sink's export of that is held, to reach provision
     # while west's API server is down.
     west.router.drop_next(_is_outage_reservation, times=10_000)
-    west.submit(queued_jobset(OUTAGE, 1, run_seconds=5))
+    west.submit(_outage_jobset())
     held = stack.wait_for(
         lambda: [e for e in west.router.dropped if _is_outage_reservation(e)] if west.router else [],
         120,
@@ -228,7 +240,7 @@ def test_a_cluster_whose_api_server_is_down_delays_no_other_and_converges_when_b
         )
         tick = stack.trigger_reconcile()
         # Meanwhile the managed cluster runs a JobSet of the same name and shape from start to end.
-        home.submit(queued_jobset(OUTAGE, 1, run_seconds=5))
+        home.submit(_outage_jobset())
         stack.wait_for(
             lambda: home.jobset_state(NAMESPACE, OUTAGE) == "Completed" and not stack.managed_pools(),
             180,
