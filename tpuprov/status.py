@@ -33,7 +33,7 @@ from shared.tpu.nodepools import STATUS_STOPPING, NodePoolInfo
 from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
-from shared.tpu.workloads import WorkloadView
+from shared.tpu.workloads import MULTIKUEUE_ORIGIN_LABEL, WorkloadView
 from tpuprov import output
 
 DEFAULT_PRICES = Path(__file__).parent / "data" / "prices.yaml"
@@ -94,6 +94,9 @@ class PoolRow:
     # Each setting the pool was built under that the current settings would set otherwise
     # (shared.tpu.drift, "SETTING: pool -> now"); not a leak: REPLACE_DRIFTED_POOLS decides.
     drift: tuple[str, ...] = ()
+    # The manager's JobSet (cluster/namespace/name) when Kueue's MultiKueue created the owner JobSet
+    # in this worker: the pool is that job's, followed across the fleet.
+    dispatched_from: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-safe dict (the ``-o json`` shape, one object per pool)."""
@@ -288,9 +291,19 @@ def pool_rows(
                 next=action,
                 why=why,
                 drift=tuple(d.describe() for d in drift.drift(pool, drift.expected_spec(settings, pool))),
+                dispatched_from=_dispatched_from(owner, settings),
             )
         )
     return sorted(rows, key=lambda r: (r.owner, r.name))
+
+
+def _dispatched_from(owner: JobSet | None, settings: Settings) -> str:
+    """Where a JobSet MultiKueue created in this worker came from: Kueue gives it the manager
+    JobSet's namespace and name and its origin label (``jobset_multikueue_adapter.go``)."""
+    if owner is None or MULTIKUEUE_ORIGIN_LABEL not in owner.meta.labels:
+        return ""
+    manager = settings.multikueue_manager.rsplit("/", 1)[-1] or "the manager"
+    return f"{manager}/{owner.namespace}/{owner.name}"
 
 
 def totals(rows: Sequence[PoolRow]) -> dict[str, Any]:
@@ -345,7 +358,9 @@ def render_table(rows: Sequence[PoolRow], prices: Prices, empty: str = "No manag
     body = [
         (
             r.name + (" (leak)" if r.leak else ""),
-            r.owner + (f" (from {r.handed_over_from})" if r.handed_over_from else ""),
+            r.owner
+            + (f" (from {r.handed_over_from})" if r.handed_over_from else "")
+            + (f" (MultiKueue: {r.dispatched_from})" if r.dispatched_from else ""),
             r.owner_state,
             r.state,
             r.next,

@@ -15,7 +15,10 @@ Measured:
 - create requests per worker (the emulator's call log);
 - pool-seconds spent in the worker that did not run the job, sampled every 0.25 s from GKE's
   listing;
-- pools leaked and pods killed.
+- pools leaked and pods killed;
+- then a second JobSet of the same shape, with ``west`` still stocked out: seconds until its slices
+  are RUNNING (floor ``1 x D``: the fleet remembers the shape short in ``west`` on the manager's
+  MultiKueueCluster, so no attempt is spent there) and its creates in ``west`` (goal 0).
 
 For comparison: where both workers have the capacity, a provisioning check in every worker that
 bought before admission would run ``slices`` slices in the losing worker for at least a create and
@@ -43,6 +46,7 @@ SHORT, STOCKED = "west", "central"
 MANAGER = "manager"
 CHECK_CONFIG = REPO_ROOT / "examples" / "kueue" / "tpu-slices-check.yaml"
 JOB = "mk-bench"
+NEXT = "mk-next"  # the second job of the shape
 # Kueue's dispatch and the events' route (log sink, Pub/Sub, the check) on top of the 2 x D floor.
 OVERHEAD_SECONDS = 20.0
 
@@ -67,6 +71,8 @@ class MultiKueueResult:
     loser_pool_seconds: float = 0.0
     pools_leaked: list[str] = dataclasses.field(default_factory=list)
     pods_killed: int = 0
+    next_seconds_to_ready: float | None = None
+    next_creates_in_short: int | None = None
     setup_seconds: float = 0.0
     problems: list[str] = dataclasses.field(default_factory=list)
 
@@ -108,13 +114,14 @@ def run(shape: MultiKueueShape | None = None) -> MultiKueueResult:
         result.setup_seconds = time.monotonic() - started
         planes = {p.cluster_id.name: p for p in stack.fleet}
         stack.gke.set_capacity(planes[SHORT].cluster_id.location, "on-demand", 0)
-        ready: dict[str, list[float]] = {name: [] for name in planes}
+        ready: dict[tuple[str, str], list[float]] = {}
         lock = threading.Lock()
 
         def seen(cluster: str, pool: dict[str, Any]) -> None:
-            if str(pool.get("name", "")).startswith(f"tpu-{JOB}-"):
-                with lock:
-                    ready[cluster.rsplit("/", 1)[-1]].append(time.monotonic())
+            for job in (JOB, NEXT):
+                if str(pool.get("name", "")).startswith(f"tpu-{job}-"):
+                    with lock:
+                        ready.setdefault((job, cluster.rsplit("/", 1)[-1]), []).append(time.monotonic())
 
         stack.gke.on_pool_ready(seen)
         pool_seconds = {name: 0.0 for name in planes}
@@ -128,28 +135,40 @@ def run(shape: MultiKueueShape | None = None) -> MultiKueueResult:
                     ]
                     pool_seconds[name] += period * len(held)
 
-        sampler = threading.Thread(target=sample, name="pool-seconds", daemon=True)
-        sampler.start()
-        submitted = time.monotonic()
-        try:
-            stack.submit(queued_jobset(JOB, shape.slices, run_seconds=5))
-
-            def all_ready() -> str:
+        def all_ready(job: str) -> Callable[[], str]:
+            def where() -> str:
                 with lock:
-                    return next((n for n, times in ready.items() if len(times) >= shape.slices), "")
+                    return next((n for (j, n), t in ready.items() if j == job and len(t) >= shape.slices), "")
 
-            result.ran_in = stack.wait_for(all_ready, shape.timeout, "every slice RUNNING in one worker")
+            return where
+
+        def run_to_the_end(job: str) -> tuple[str, float]:
+            submitted = time.monotonic()
+            stack.submit(queued_jobset(job, shape.slices, run_seconds=5))
+            ran_in = stack.wait_for(
+                all_ready(job), shape.timeout, f"every slice of {job} RUNNING in one worker"
+            )
             with lock:
-                result.seconds_to_ready = max(ready[result.ran_in][: shape.slices]) - submitted
+                seconds = max(ready[(job, ran_in)][: shape.slices]) - submitted
             stack.wait_for(
-                lambda: stack.jobset_state(NAMESPACE, JOB) == "Completed",
-                shape.timeout,
-                "the JobSet to complete",
+                lambda: stack.jobset_state(NAMESPACE, job) == "Completed", shape.timeout, f"{job} to complete"
             )
             for plane in planes.values():
                 stack.wait_for(
                     _no_pools(stack, plane.path), shape.timeout, f"{plane.cluster_id.name}'s pools to go"
                 )
+            return ran_in, seconds
+
+        def creates_in(name: str) -> int:
+            return sum(1 for c in stack.gke.calls if c.method == "create" and f"/clusters/{name}/" in c.path)
+
+        sampler = threading.Thread(target=sample, name="pool-seconds", daemon=True)
+        sampler.start()
+        try:
+            result.ran_in, result.seconds_to_ready = run_to_the_end(JOB)
+            before = creates_in(SHORT)
+            _, result.next_seconds_to_ready = run_to_the_end(NEXT)
+            result.next_creates_in_short = creates_in(SHORT) - before
         except TimeoutError as exc:
             result.problems.append(str(exc).splitlines()[0])
         finally:
@@ -157,9 +176,7 @@ def run(shape: MultiKueueShape | None = None) -> MultiKueueResult:
             sampler.join(timeout=5)
             stack.gke.set_capacity(planes[SHORT].cluster_id.location, "on-demand", None)
         for name, plane in planes.items():
-            result.creates[name] = sum(
-                1 for c in stack.gke.calls if c.method == "create" and f"/clusters/{name}/" in c.path
-            )
+            result.creates[name] = creates_in(name)
             result.pools_leaked += [f"{name}/{p['name']}" for p in stack.managed_pools(plane.path)]
             result.pods_killed += len(plane.killed_pods())
         result.loser_pool_seconds = sum(s for n, s in pool_seconds.items() if n != result.ran_in)
@@ -178,6 +195,11 @@ def as_dict(result: MultiKueueResult) -> dict[str, Any]:
         "naive_loser_pool_seconds": result.naive_loser_pool_seconds,
         "pools_leaked": result.pools_leaked,
         "pods_killed": result.pods_killed,
+        "next_seconds_to_ready": (
+            None if result.next_seconds_to_ready is None else round(result.next_seconds_to_ready, 2)
+        ),
+        "next_floor_seconds": result.shape.op_seconds,
+        "next_creates_in_short": result.next_creates_in_short,
         "setup_seconds": round(result.setup_seconds, 1),
         "problems": result.problems,
     }

@@ -229,7 +229,14 @@ def multikueue_lines(report: dict[str, Any]) -> list[str]:
             ["figure", "value"],
             [
                 ["submission to every slice RUNNING", f"**{ready}** in {m['ran_in'] or 'no worker'}"],
-                ["create requests per worker", creates],
+                ["create requests per worker (both jobs)", creates],
+                [
+                    "the next job of the shape: submission to every slice RUNNING (floor 1 x D)",
+                    "never"
+                    if m.get("next_seconds_to_ready") is None
+                    else f"**{m['next_seconds_to_ready']:.1f} s**, "
+                    f"{m.get('next_creates_in_short')} creates in the stocked-out worker",
+                ],
                 [
                     "pool-seconds in the worker that did not run it",
                     f"**{m['loser_pool_seconds']:.0f} s**, of pools GKE failed (no VM runs in them)",

@@ -389,6 +389,18 @@ def multikueue_targets(result: bench_multikueue.MultiKueueResult) -> list[dict[s
             slices,
             "calls",
         ),
+        _target(
+            "multikueue: the next job of the shape, submission to all slices ready (floor 1 x D)",
+            result.next_seconds_to_ready if result.next_seconds_to_ready is not None else float("inf"),
+            d + bench_multikueue.OVERHEAD_SECONDS,
+            "s",
+        ),
+        _target(
+            "multikueue: the next job's creates in the stocked-out worker",
+            result.next_creates_in_short if result.next_creates_in_short is not None else slices,
+            0,
+            "calls",
+        ),
         _target("multikueue: leaked pools", len(result.pools_leaked), 0, "pools"),
         _target("multikueue: pods killed", result.pods_killed, 0, "pods"),
     ]

@@ -23,6 +23,7 @@ from shared.tpu.nodes import Node
 from shared.tpu.owners import Job
 from shared.tpu.pods import Pod
 from shared.tpu.slices import build_node_pool, slice_request
+from shared.tpu.workloads import MULTIKUEUE_ORIGIN_LABEL
 from tpuprov import status
 
 SETTINGS = Settings(
@@ -259,3 +260,15 @@ def test_a_reservation_pool_names_the_block_and_sub_block_it_was_placed_in() -> 
     assert status.capacity_of(placed, []) == "reservation:res-dense/b1/s2"
     whole = NodePoolInfo(name="tpu-b", status="RUNNING", reservation="res-dense")
     assert status.capacity_of(whole, []) == "reservation:res-dense"
+
+
+def test_a_pool_of_a_jobset_multikueue_created_names_the_managers_jobset() -> None:
+    owner = _jobset("old", OLD_UID)
+    owner["metadata"]["labels"] = {MULTIKUEUE_ORIGIN_LABEL: "multikueue"}
+    settings = SETTINGS.with_overrides(multikueue_manager="projects/p/locations/us-east5-b/clusters/manager")
+    [row] = _rows([POOL], [owner], [_running_pod(owner)], [NODE], PRICES, NOW, settings)
+    assert row.dispatched_from == "manager/team-a/old"
+    assert "team-a/old (MultiKueue: manager/team-a/old)" in status.render_table([row], PRICES)
+    # A JobSet the tenant submitted here is its own.
+    [plain] = _rows([POOL], [_jobset("old", OLD_UID)], [], [NODE], PRICES, NOW, SETTINGS)
+    assert plain.dispatched_from == ""

@@ -389,8 +389,10 @@ def test_multikueue_targets_hold_the_run_to_the_floor_and_one_failed_attempt() -
         shape,
         ran_in="central",
         seconds_to_ready=31.0,
-        creates={"west": 2, "central": 2},
+        creates={"west": 2, "central": 4},
         loser_pool_seconds=44.0,
+        next_seconds_to_ready=14.0,
+        next_creates_in_short=0,
     )
     targets = {t["name"]: t for t in bench_runner.multikueue_targets(good)}
     assert all(t["met"] for t in targets.values()), targets
@@ -405,7 +407,11 @@ def test_multikueue_targets_hold_the_run_to_the_floor_and_one_failed_attempt() -
         "multikueue: the job ran in the worker with capacity",
         "multikueue: pool-seconds in the worker that did not run it",
         "multikueue: creates in the stocked-out worker <= slices",
+        # The next job of the shape never ran (the fleet learnt nothing).
+        "multikueue: the next job of the shape, submission to all slices ready (floor 1 x D)",
+        "multikueue: the next job's creates in the stocked-out worker",
     }
     lines = bench_report.multikueue_lines({"multikueue": bench_multikueue.as_dict(good)})
     assert "| submission to every slice RUNNING | **31.0 s** in central |" in lines
+    assert any("**14.0 s**, 0 creates in the stocked-out worker" in line for line in lines), lines
     assert bench_report.multikueue_lines({}) == []
