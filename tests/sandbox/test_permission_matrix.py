@@ -193,6 +193,10 @@ def _calls(emulators: dict[str, Any], token: str) -> dict[str, Callable[[], Any]
         "KubeAPI.get_workload": lambda: kube.get_workload("team-a", "w"),
         "KubeAPI.list_workloads": lambda: kube.list_workloads("team-a"),
         "KubeAPI.get_cluster_queue": lambda: kube.get_cluster_queue("cq"),
+        "KubeAPI.get_multikueue_cluster": lambda: kube.get_multikueue_cluster("west"),
+        "KubeAPI.annotate_multikueue_cluster": lambda: kube.annotate_multikueue_cluster(
+            "west", {"a": "b"}, "", "test"
+        ),
         "KubeAPI.get_resource_flavor": lambda: kube.get_resource_flavor("rf"),
         "KubeAPI.set_admission_check_state": lambda: kube.set_admission_check_state(
             "team-a", "w", {"name": "tpu-slices", "state": "Pending", "message": "pools ready 0/1"}
