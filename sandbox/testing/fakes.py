@@ -261,6 +261,28 @@ def _label_match(obj_labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+def _merge_annotations(
+    meta: dict[str, Any], annotations: Mapping[str, str | None], resource_version: str, what: str
+) -> None:
+    """A JSON merge patch of ``meta``'s annotations, as the API server applies one with a
+    resourceVersion: 409 Conflict in its words when that is stale (None removes a key; every write
+    bumps the version, "1" when the object had none)."""
+    current = str(meta.setdefault("resourceVersion", "1"))
+    if resource_version and resource_version != current:
+        raise ConflictError(
+            f"409 Operation cannot be fulfilled on {what}: the object has been modified; please apply "
+            "your changes to the latest version and try again"
+        )
+    merged = dict(meta.get("annotations") or {})
+    for key, value in annotations.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = value
+    meta["annotations"] = merged
+    meta["resourceVersion"] = str(int(current) + 1)
+
+
 class FakeKube:
     """``KubeAPI`` over dicts of pods, JobSets and Nodes; records Events aggregated like the recorder.
 
@@ -447,21 +469,9 @@ class FakeKube:
         stored = self.jobsets.get((namespace, name))
         if stored is None:
             raise NotFoundError(f'404 jobsets.jobset.x-k8s.io "{name}" not found')
-        meta = stored["metadata"]
-        current = str(meta.setdefault("resourceVersion", "1"))
-        if resource_version and resource_version != current:
-            raise ConflictError(
-                f'409 Operation cannot be fulfilled on jobsets.jobset.x-k8s.io "{name}": the object has '
-                "been modified; please apply your changes to the latest version and try again"
-            )
-        merged = dict(meta.get("annotations") or {})
-        for key, value in annotations.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        meta["annotations"] = merged
-        meta["resourceVersion"] = str(int(current) + 1)
+        _merge_annotations(
+            stored["metadata"], annotations, resource_version, f'jobsets.jobset.x-k8s.io "{name}"'
+        )
         self.annotations.append((namespace, name, dict(annotations), why))
         return JobSet.parse(copy.deepcopy(stored))
 
@@ -532,20 +542,7 @@ class FakeKube:
         if stored is None:
             raise NotFoundError(f'404 multikueueclusters.kueue.x-k8s.io "{name}" not found')
         meta = stored.setdefault("metadata", {"name": name})
-        current = str(meta.setdefault("resourceVersion", "1"))
-        if resource_version and resource_version != current:
-            raise ConflictError(
-                f'409 Operation cannot be fulfilled on multikueueclusters.kueue.x-k8s.io "{name}": the '
-                "object has been modified; please apply your changes to the latest version and try again"
-            )
-        merged = dict(meta.get("annotations") or {})
-        for key, value in annotations.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        meta["annotations"] = merged
-        meta["resourceVersion"] = str(int(current) + 1)
+        _merge_annotations(meta, annotations, resource_version, f'multikueueclusters.kueue.x-k8s.io "{name}"')
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One ClusterQueue or NotFoundError."""

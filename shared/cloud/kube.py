@@ -145,18 +145,23 @@ class KubeClient:
         writer got there first, so read-modify-write of an annotation never loses an update.
         """
         path = f"{JOBSET_PATH}/namespaces/{quote(namespace)}/{labels.JOBSET_PLURAL}/{quote(name)}"
-        patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         logs.decision(log, "kube.annotate_jobset", why, namespace=namespace, jobset=name)
+        return JobSet.parse(self._patch_annotations(path, annotations, resource_version))
+
+    def _patch_annotations(
+        self, path: str, annotations: Mapping[str, str | None], resource_version: str
+    ) -> Any:
+        """A JSON merge patch of an object's annotations, conditional on ``resource_version``
+        (ConflictError when the API server answers 409)."""
+        patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         try:
-            return JobSet.parse(
-                request_json(
-                    self.api_client,
-                    "PATCH",
-                    path,
-                    body=patch,
-                    content_type="application/merge-patch+json",
-                    timeout=self.timeout,
-                )
+            return request_json(
+                self.api_client,
+                "PATCH",
+                path,
+                body=patch,
+                content_type="application/merge-patch+json",
+                timeout=self.timeout,
             )
         except AlreadyExistsError as exc:  # a 409 on an update is a Conflict, not "exists"
             raise ConflictError(exc.why) from None
@@ -223,19 +228,10 @@ class KubeClient:
     ) -> None:
         """Merge-patch a MultiKueueCluster's annotations on the condition that it is unchanged (409
         Conflict otherwise, as ``annotate_jobset``)."""
-        patch = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         logs.decision(log, "kube.annotate_multikueue_cluster", why, multikueue_cluster=name)
-        try:
-            request_json(
-                self.api_client,
-                "PATCH",
-                f"{KUEUE_PATH}/multikueueclusters/{quote(name)}",
-                body=patch,
-                content_type="application/merge-patch+json",
-                timeout=self.timeout,
-            )
-        except AlreadyExistsError as exc:  # a 409 on an update is a Conflict, not "exists"
-            raise ConflictError(exc.why) from None
+        self._patch_annotations(
+            f"{KUEUE_PATH}/multikueueclusters/{quote(name)}", annotations, resource_version
+        )
 
     def get_cluster_queue(self, name: str) -> dict[str, Any]:
         """One Kueue ClusterQueue. Raises NotFoundError."""

@@ -25,6 +25,7 @@ from shared.provisioning.admission.pools import SlicePools
 from shared.provisioning.services import Services
 from shared.provisioning.tenancy.guardrails import guardrail
 from shared.tpu import catalog
+from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import ClusterInfo
 from shared.tpu.workloads import (
     PENDING,
@@ -160,9 +161,7 @@ class AdmissionChecker:
     def _verdict(self, workload: WorkloadView) -> tuple[CheckVerdict, tuple[str, ...]]:
         placed = self.multikueue.verdict(
             workload,
-            lambda jobset: workload_slices(
-                jobset, workload.pod_sets, self._flavor_labels(workload), self.settings.max_vms_per_jobset
-            ),
+            lambda jobset: self._slices(workload, jobset),
         )
         if placed is not None:  # a MultiKueue worker's copy: Ready in the one worker chosen
             return CheckVerdict(placed.state, placed.message), ()
@@ -180,9 +179,7 @@ class AdmissionChecker:
             )
             return CheckVerdict(REJECTED, why), ()
         try:
-            slices = workload_slices(
-                jobset, workload.pod_sets, self._flavor_labels(workload), self.settings.max_vms_per_jobset
-            )
+            slices = self._slices(workload, jobset)
             refusal = self._guardrail(slices)
         except Refused as exc:
             return decide([], exc.why), ()
@@ -205,6 +202,12 @@ class AdmissionChecker:
         if verdict.state == READY:
             return _with_updates(verdict, self._pod_set_updates(slices)), created
         return verdict, created
+
+    def _slices(self, workload: WorkloadView, jobset: JobSet) -> list[WorkloadSlice]:
+        """The Workload's TPU slices, derived from ``jobset`` with the flavors assigned here."""
+        return workload_slices(
+            jobset, workload.pod_sets, self._flavor_labels(workload), self.settings.max_vms_per_jobset
+        )
 
     def _flavor_labels(self, workload: WorkloadView) -> dict[str, dict[str, str]]:
         """Per pod set, the node labels of the flavor its TPU chips were assigned (Kueue writes them

@@ -46,6 +46,7 @@ from shared.cloud.ports import KubeAPI
 from shared.core import labels, logs
 from shared.core.errors import ConflictError, NotEligible, NotFoundError, Refused
 from shared.core.settings import Settings
+from shared.events.fields import ClusterId
 from shared.provisioning.placement import outlook as outlooks
 from shared.provisioning.placement.outlook import (
     JOB_SHORT,
@@ -121,10 +122,6 @@ def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-_time = parse_time
-_stamp = stamp
-
-
 def shortages(jobset: JobSet, now: float, seconds: float) -> dict[str, float]:
     """Workers where capacity for ``jobset`` was short less than ``seconds`` ago, with when."""
     try:
@@ -135,7 +132,7 @@ def shortages(jobset: JobSet, now: float, seconds: float) -> dict[str, float]:
         return {}
     found = {}
     for worker, when in raw.items():
-        at = _time(str(when))
+        at = parse_time(str(when))
         if at is not None and now - at < seconds:
             found[str(worker)] = at
     return found
@@ -288,7 +285,7 @@ class MultiKueuePlacement:
                 return kept
             placement = self._decide(manager, jobset, candidates, slices_of)
             entry = {"workload": original.uid, "worker": placement.worker, "why": placement.why}
-            entry["at"] = _stamp(self.wall_clock())
+            entry["at"] = stamp(self.wall_clock())
             try:
                 manager.annotate_jobset(
                     jobset.namespace,
@@ -301,21 +298,18 @@ class MultiKueuePlacement:
                 continue
             except NotFoundError:
                 return placement
-            self._tell(manager, original, REASON_CHOSEN, self._chosen(placement))
+            said = self._chosen(placement)
+            self._tell(manager, original, REASON_CHOSEN, said)
             logs.decision(
-                log,
-                "multikueue.chosen",
-                f"Workload {original.key}: {self._chosen(placement)}",
-                worker=placement.worker,
+                log, "multikueue.chosen", f"Workload {original.key}: {said}", worker=placement.worker
             )
             return placement
         return placement
 
     def _chosen(self, placement: Placement) -> str:
-        assert self.peers is not None
+        """The TPUWorkerChosen message: the worker, its location (from its cluster path), and why."""
         path = self._fleet().get(placement.worker, "")
-        peer = self.peers.capacity(path) if path else None
-        location = f" ({peer.settings.location})" if peer is not None else ""
+        location = f" ({ClusterId.from_path(path).location})" if path else ""
         return f"runs in {placement.worker}{location}: {placement.why}"
 
     def _decide(
@@ -393,7 +387,7 @@ class MultiKueuePlacement:
                 "name": self.settings.admission_check_name,
                 "state": RETRY,
                 "message": message[:32768],
-                "lastTransitionTime": _stamp(now),
+                "lastTransitionTime": stamp(now),
             },
         )
         self._tell(manager, original, REASON_SHORT, message, warning=True)
@@ -407,8 +401,8 @@ class MultiKueuePlacement:
             try:
                 jobset = manager.get_jobset(namespace, name)
                 record = shortages(jobset, now, self.settings.multikueue_shortage_seconds)
-                stamps = {w: _stamp(t) for w, t in record.items()}
-                stamps[worker] = _stamp(now)
+                stamps = {w: stamp(t) for w, t in record.items()}
+                stamps[worker] = stamp(now)
                 manager.annotate_jobset(
                     namespace,
                     name,
