@@ -23,6 +23,7 @@ from shared.provisioning.create.known import KNOWN_POOL_TTL_SECONDS
 from shared.provisioning.create.policies import WorkloadPolicies
 from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.outcomes import CREATED, SKIPPED, Outcome
+from shared.provisioning.placement.multikueue import MultiKueuePlacement
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler, Summary
 from shared.provisioning.release.releaser import Releaser
@@ -143,6 +144,11 @@ def reconciler(runtime: Runtime) -> Reconciler:
     return runtime.service("reconciler", lambda rt: Reconciler(services(rt)))
 
 
+def multikueue(runtime: Runtime) -> MultiKueuePlacement:
+    """The instance's MultiKueue placement (the services' own)."""
+    return services(runtime).multikueue
+
+
 def releaser(runtime: Runtime) -> Releaser:
     """The instance's releaser (the services' own)."""
     return services(runtime).releaser
@@ -189,6 +195,9 @@ def _provision(
                     releaser(runtime).release_if_owner_over(
                         event.pool, f"CreateNodePool of {event.pool} finished after its JobSet ended"
                     )
+                    # GKE just delivered capacity of the pool's shape here: MultiKueue's record of
+                    # it short in this worker goes.
+                    multikueue(runtime).pool_up(event.pool)
                 if any(result.waiting_for_nodes for result in results):
                     # GKE's operation ends as the VMs register; their Nodes turn Ready seconds later.
                     # Redelivery looks again then, instead of leaving the Workload to the next sweep.

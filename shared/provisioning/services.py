@@ -77,7 +77,7 @@ class Services:
         self.owners: Owners = self.releaser.owners
         self.spending: Spending = self.releaser.spending
         self.backoff = Backoff(settings, kube, wall_clock)
-        self.multikueue = MultiKueuePlacement(settings, kube, peers, wall_clock)
+        self.multikueue = MultiKueuePlacement(settings, kube, peers, wall_clock, gke)
         self.fallback = Fallback(
             settings, gke, kube, self.backoff, self.cluster, self.releaser, self.multikueue
         )

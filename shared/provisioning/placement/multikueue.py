@@ -42,13 +42,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from shared.cloud.ports import KubeAPI
+from shared.cloud.ports import KubeAPI, NodePoolAPI
 from shared.core import labels, logs
 from shared.core.errors import ConflictError, NotEligible, NotFoundError, Refused
 from shared.core.settings import Settings
 from shared.events.fields import ClusterId
 from shared.provisioning.placement import outlook as outlooks
 from shared.provisioning.placement.outlook import (
+    CAPACITY_SHORT,
     JOB_SHORT,
     OPEN,
     ROOM,
@@ -60,6 +61,7 @@ from shared.provisioning.placement.outlook import (
 from shared.tpu import catalog
 from shared.tpu.declared import declared_request
 from shared.tpu.jobsets import JobSet
+from shared.tpu.nodepools import STATUS_RUNNING, NodePoolInfo
 from shared.tpu.workloads import (
     MULTIKUEUE_ORIGIN_LABEL,
     PENDING,
@@ -198,11 +200,14 @@ class MultiKueuePlacement:
         kube: KubeAPI,
         peers: FleetPeers | None,
         wall_clock: Callable[[], float],
+        gke: NodePoolAPI | None = None,
     ) -> None:
+        """``gke``: this cluster's node pools (``pool_up`` reads the pool that came up)."""
         self.settings = settings
         self.kube = kube
         self.peers = peers
         self.wall_clock = wall_clock
+        self.gke = gke
 
     @property
     def on(self) -> bool:
@@ -437,11 +442,7 @@ class MultiKueuePlacement:
                 view = manager.get_multikueue_cluster(me)
                 manager.annotate_multikueue_cluster(
                     me,
-                    {
-                        outlooks.CAPACITY_SHORT: outlooks.with_shortage(
-                            view.annotations, key, options, now, seconds
-                        )
-                    },
+                    {CAPACITY_SHORT: outlooks.with_shortage(view.annotations, key, options, now, seconds)},
                     view.resource_version,
                     f"{key} short in {me}",
                 )
@@ -450,6 +451,56 @@ class MultiKueuePlacement:
                 continue
             except NotFoundError:
                 return  # no MultiKueueCluster of this name: workers are named as their clusters
+
+    def pool_up(self, name: str) -> bool:
+        """Pool ``name``'s create operation ended well in this worker: ``capacity_back`` with it as
+        GKE describes it now (nothing is read outside MultiKueue)."""
+        if not self.on or self.gke is None:
+            return False
+        # The listing, not a get: provision's role lists pools already and needs no new permission.
+        pools = self.gke.list_node_pools(self.settings.cluster_path)
+        pool = next((p for p in pools if p.name == name), None)
+        return pool is not None and self.capacity_back(pool)
+
+    def capacity_back(self, pool: NodePoolInfo) -> bool:
+        """``pool`` came up RUNNING in this worker (its create operation just ended): GKE delivered
+        capacity of its shape here now, so the fleet's record of that shape short here is removed
+        and the next job of the shape may be placed here again. Whether a record was removed. Best
+        effort, as the record itself: left alone, it expires after MULTIKUEUE_SHORTAGE_SECONDS."""
+        if not self.on or pool.status != STATUS_RUNNING or not pool.managed or not pool.tpu_topology:
+            return False
+        accelerator = catalog.accelerator_for_machine_type(pool.machine_type)
+        manager = self._manager()
+        if accelerator is None or manager is None:
+            return False
+        try:
+            shape = catalog.resolve(
+                accelerator, pool.tpu_topology, catalog.machine_type_chips(pool.machine_type) or 0
+            )
+        except catalog.UnsupportedShape:
+            return False
+        key = outlooks.shape_key(shape.accelerator, shape.topology)
+        me = self.settings.cluster_name
+        now, seconds = self.wall_clock(), self.settings.multikueue_shortage_seconds
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                view = manager.get_multikueue_cluster(me)
+                if key not in outlooks.shortages_of(view.annotations, now, seconds):
+                    return False
+                manager.annotate_multikueue_cluster(
+                    me,
+                    {CAPACITY_SHORT: outlooks.without_shortage(view.annotations, key, now, seconds)},
+                    view.resource_version,
+                    f"{key} delivered in {me}",
+                )
+            except ConflictError:
+                continue
+            except NotFoundError:
+                return False
+            why = f"{key} is no longer short in {me}: pool {pool.name} came up RUNNING"
+            logs.decision(log, "multikueue.capacity_back", why, worker=me, pool=pool.name)
+            return True
+        return False
 
     def _tell(
         self, manager: KubeAPI, original: WorkloadView, reason: str, message: str, warning: bool = False

@@ -19,7 +19,10 @@ and its look at reservations):
   when, and the options tried). A job whose options there were all tried then goes elsewhere first,
   without a doomed create of its own. The record sits on a cluster-scoped object that only the
   manager's administrators (and the product) may write: a tenant cannot fake a shortage to steer
-  other tenants' jobs, unlike an annotation on its own JobSet.
+  other tenants' jobs, unlike an annotation on its own JobSet. When a pool of the shape comes up
+  RUNNING in that worker, GKE has just delivered the capacity, and the record of the shape is
+  removed there (``MultiKueuePlacement.capacity_back``); else it expires after
+  ``MULTIKUEUE_SHORTAGE_SECONDS``.
 
 A worker's rank is its worst pod set's: ``ROOM`` (a reservation has room), ``OPEN`` (nothing known
 against), ``SHORT`` (the shape was short there recently, or every option is a reservation without
@@ -125,6 +128,14 @@ def with_shortage(
     return json.dumps(entries, sort_keys=True)
 
 
+def without_shortage(annotations: Mapping[str, str], shape: str, now: float, seconds: float) -> str | None:
+    """The CAPACITY_SHORT annotation with ``shape`` no longer short (entries older than ``seconds``
+    dropped too); None when nothing is left, which removes the annotation."""
+    record = shortages_of(annotations, now, seconds)
+    entries = {s: {"at": stamp(r.at), "options": list(r.options)} for s, r in record.items() if s != shape}
+    return json.dumps(entries, sort_keys=True) if entries else None
+
+
 def _ago(seconds: float) -> str:
     return f"{int(seconds)}s" if seconds < 120 else f"{int(seconds // 60)}m"
 
@@ -207,4 +218,5 @@ __all__ = [
     "shape_key",
     "shortages_of",
     "with_shortage",
+    "without_shortage",
 ]

@@ -64,6 +64,24 @@ class Releaser:
         return []
 
 
+class Placement:
+    """MultiKueue's placement's ``pool_up``, recording each pool it was told came up."""
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def pool_up(self, name: str) -> bool:
+        self.told.append(name)
+        return False
+
+
+@pytest.fixture(autouse=True)
+def placement(monkeypatch: pytest.MonkeyPatch) -> Placement:
+    told = Placement()
+    monkeypatch.setattr(handlers, "multikueue", lambda runtime: told)
+    return told
+
+
 @pytest.mark.parametrize(
     ("method", "sweeps"),
     [
@@ -109,8 +127,8 @@ def test_each_operation_of_a_pool_sweeps_once_and_a_redelivered_one_does_not_swe
     ("method", "failed", "asked"),
     [("CreateNodePool", False, True), ("CreateNodePool", True, False), ("UpdateNodePool", False, False)],
 )
-def test_a_finished_create_asks_whether_its_jobset_is_still_there(
-    monkeypatch: pytest.MonkeyPatch, method: str, failed: bool, asked: bool
+def test_a_finished_create_asks_whether_its_jobset_is_still_there_and_tells_multikueue(
+    monkeypatch: pytest.MonkeyPatch, placement: Placement, method: str, failed: bool, asked: bool
 ) -> None:
     releaser = Releaser()
     monkeypatch.setattr(handlers, "admission_checker", lambda runtime: Checker())
@@ -119,6 +137,8 @@ def test_a_finished_create_asks_whether_its_jobset_is_still_there(
     event = NodePoolOperationDone(CLUSTER, "tpu-pool-a", method, failed, datetime.datetime.now(datetime.UTC))
     handlers._provision(Member(), event)  # type: ignore[arg-type]
     assert releaser.asked == (["tpu-pool-a"] if asked else [])
+    # Only a create that ended well delivered capacity (MultiKueue's shortage record of the shape).
+    assert placement.told == (["tpu-pool-a"] if asked else [])
 
 
 def test_a_new_workload_of_the_same_name_is_looked_at_and_a_redelivered_reservation_is_not(
