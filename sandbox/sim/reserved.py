@@ -8,7 +8,8 @@ the subscription's backoff (infra's retry policy). Run two ways:
 
 * ``look=True``, the product as deployed: each create on a reservation is preceded by a read of it
   (``ReservationLook`` over ``SimReservations``: the book's Compute JSON parsed by the production
-  adapter's own converters), so no create is sent to a reservation without room;
+  adapter's own converters), so no create is sent to a reservation without room, and the slice
+  goes on to the next reservation in the same delivery;
 * ``look=False``, as before the look: the create names the reservation and GKE's 429 tells.
 
 What is measured is what GKE sees and the user waits: creates GKE refused per slice, creates it

@@ -274,7 +274,7 @@ class Provisioner:
         except SliceRefused as exc:
             return self._refuse(pod, exc.why, slice_desc, spec.name, jobset)
         try:
-            outcomes = self._create_all(Group(pod, request, jobset, wanted, shape, pools, budget))
+            outcomes = self._create_all(Group(pod, request, jobset, wanted, shape, pools, budget), specs)
         except TransientError:
             # The requesting pod's pool may be known now; forgetting it makes the redelivery list
             # the pools and finish the group instead of answering "known to exist".
@@ -286,9 +286,10 @@ class Provisioner:
         outcome = own if existing is not None else outcomes[0]
         return dataclasses.replace(outcome, requested=created)
 
-    def _create_all(self, group: Group) -> list[Outcome]:
-        """Create the wanted pools through the instance's engine (budgets, slots, fan-out, fallback);
-        the pod's outcome per pool.
+    def _create_all(self, group: Group, specs: Specs) -> list[Outcome]:
+        """Create the wanted pools through the instance's engine (budgets, slots, fan-out, fallback:
+        a reservation found without room moves on to the next option with ``specs`` at once); the
+        pod's outcome per pool.
 
         Raises OperationLimitError / TransientError after recording what GKE accepted when some
         creates could not be made in this delivery; the redelivery (or any pod of a missing slice)
@@ -302,7 +303,13 @@ class Provisioner:
                 group.pod, why, item.slice_desc, item.spec.name, group.jobset
             )
         sent = engine.send(
-            group.jobset, charged.allowed, group.pools, group.budget, charged.account, [group.pod.ref()]
+            group.jobset,
+            charged.allowed,
+            group.pools,
+            group.budget,
+            charged.account,
+            [group.pod.ref()],
+            specs=specs,
         )
         if sent.waiting:
             why = (

@@ -1,7 +1,8 @@
 """Wire level: provision reads a reservation from Compute Engine before a create on it (real
 compute_v1 and container_v1 clients, the Compute and GKE emulators sharing one book of reservations).
 
-What a user sees: a full reservation costs no refused create, the slice goes to the next option; a
+What a user sees: a full reservation costs no refused create, the slice goes to the next option in
+the same delivery; a
 dense reservation's pool names the block and sub-block with room; a shared reservation the functions
 may not read is redelivered with the permission named, and served once the role holds it."""
 
@@ -17,6 +18,7 @@ from sandbox.emulators.iam import Iam
 from sandbox.emulators.reservations import Block, ReservationBook, SubBlock
 from sandbox.jobsets import tpu_jobset
 from sandbox.testing.fnclient import FunctionClient
+from shared.core import labels
 from tests.conftest import LOCATION, PROJECT
 from tests.functions.deliveries import pending_event, submit
 
@@ -62,14 +64,15 @@ def test_a_full_reservation_costs_no_create_and_the_one_with_room_is_bought(
     book.start("someone")  # running: Compute reports the reservation in use
     world.configure(capacity_policy="reservation:res-full, reservation:res-room")
     _, pods = submit(world, tpu_jobset("train", "team-a", replicas=1))
-    first = fn.post_entry(pending_event(pods[0]))
-    assert first.status_code == 503  # the attempt refused here: the next option, by redelivery
-    assert "reservation res-full: 0 free VMs of 4, the slice needs 4" in first.get_data(as_text=True)
-    assert world.gke.count("create") == 0
+    # One delivery: the look refuses res-full (nothing sent to GKE) and the slice goes on to
+    # res-room at once; the refused attempt is on the JobSet for `kubectl describe`.
     assert fn.post_entry(pending_event(pods[0])).status_code == 200
     [pool] = world.pools()
     assert affinity(pool) == ["res-room"]
     assert (world.gke.count("create"), refused_by_gke(world.gke)) == (1, [])
+    events = world.kube.list("v1", "events", "team-a")
+    said = [e.get("message", "") for e in events if e.get("reason") == labels.REASON_FAILED]
+    assert any("reservation res-full: 0 free VMs of 4, the slice needs 4" in m for m in said), said
 
 
 def test_a_dense_reservation_pool_names_the_healthy_sub_block_with_room(

@@ -217,6 +217,7 @@ class SlicePools:
             budget,
             charged.account,
             purpose="for its Workload's admission check",
+            specs=specs,
         )
         created = [item.spec.name for item in sent.created]
         # Capacity refused with no fallback left: the slice backs off (those falling back are retried).

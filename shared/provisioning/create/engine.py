@@ -12,7 +12,8 @@ reconcile sweep (through provision) all buy pools the same way, here:
    in rounds through the instance's one account of slots and request quota (``Slots``), each after
    the tpu7x workload policy it names exists, and one on a reservation placed in the block or
    sub-block Compute Engine says has room for it (``ReservationLook``: none has room, and the
-   attempt is refused without a create);
+   attempt is refused without a create and, given the delivery's specs, the slice is sent again
+   on its next capacity option in another round of the same delivery);
 3. GKE's answers sorted once: accepted, already there (409), refused for capacity (quota, a missing
    or full reservation: the slice's attempt is recorded and falls back or backs off, ``Fallback``),
    rejected for good (4xx), or transient (redelivery);
@@ -48,9 +49,9 @@ from shared.provisioning.create.reservations import ReservationLook
 from shared.provisioning.create.slots import Slots
 from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budget
 from shared.provisioning.tenancy.spending import Spending
-from shared.tpu import catalog
+from shared.tpu import capacity, catalog
 from shared.tpu.jobsets import JobSet, jobset_ref
-from shared.tpu.nodepools import ClusterInfo, NodePoolInfo
+from shared.tpu.nodepools import STATUS_PROVISIONING, ClusterInfo, NodePoolInfo
 from shared.tpu.slices import SliceRequest, policy_of, slice_options
 
 
@@ -197,52 +198,23 @@ class SliceGroupEngine:
         account: str,
         also_tell: Sequence[Mapping[str, Any]] = (),
         purpose: str = "",
+        specs: Specs | None = None,
     ) -> Sent:
         """Send ``items`` (already charged to ``account``) for ``jobset``'s slices; ``also_tell``:
         objects besides the JobSet whose Event stream names the pools requested; ``purpose`` ends the
-        Event's sentence (e.g. "for its Workload's admission check")."""
-        slots_account, policies, fallback = self.slots, self.policies, self.fallback
-        sent = Sent(slot_limit=slots_account.operation_limit, busy=slots.busy(pools))
-        queue = list(items)
-        free = slots_account.free(pools)
-        if free is not None and free < len(queue):
-            # No point asking GKE for more operations than it runs at once: the rest waits for a
-            # finished operation (its audit entry resumes them) instead of collecting 429s.
-            queue, sent.waiting = queue[:free], queue[free:]
-
-        look = self.reservations
-
-        def create(item: Create) -> None:
-            spec = item.spec
-            if look is not None and spec.reservation is not None:
-                placed = look.place(spec, pools)  # CapacityUnavailableError: no room, nothing sent
-                spec = placed.spec
-                sent.placed[spec.name] = placed.why
-            if policies is not None:  # GKE needs the pool's workload policy to exist first
-                policies.ensure_for(spec, item.why)
-            try:
-                self.gke.create_node_pool(self.settings.cluster_path, spec, item.why)
-            except Exception:
-                if look is not None:
-                    look.forget(spec.name)
-                raise
-
-        result = slots_account.send_all(queue, create, budget, sent.busy)
-        for item, error in result.sent:
-            if isinstance(error, CapacityUnavailableError):  # this attempt's capacity: fall back or back off
-                failure = fallback.refused(item.request, jobset, item.spec, error.why)
-                sent.capacity.append((item, failure, error.why))
-            elif error is None:
-                sent.created.append(item)
-            elif isinstance(error, AlreadyExistsError):
-                sent.exists.append(item)
-            elif isinstance(error, TransientError):
-                sent.transient.append((item, error))
-            elif isinstance(error, RejectedError):
-                sent.rejected.append((item, error))
-            else:
-                raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
-        sent.unsent, sent.stopped = list(result.unsent), result.stopped
+        Event's sentence (e.g. "for its Workload's admission check"); ``specs``: the delivery's pool
+        specs, with which a slice whose reservation the look found without room goes on to its next
+        capacity option in this same delivery (None: by redelivery)."""
+        sent = Sent(slot_limit=self.slots.operation_limit, busy=slots.busy(pools))
+        queue, listing = list(items), list(pools)
+        # Each round's look refusals record an attempt and move the slice one option on, so the
+        # rounds end within the policy's length; the bound is a guard against a policy loop.
+        for _ in range(_ROUNDS):
+            looked = self._send_round(jobset, queue, listing, budget, sent)
+            queue = self._next_options(jobset, looked, listing, sent, specs) if specs is not None else []
+            if not queue:
+                break
+            listing = [*pools, *(_provisioning(item) for item in sent.created)]
         if sent.created:
             # One Event per group (or per part of it a delivery got through), naming every pool.
             names = ", ".join(i.spec.name for i in sent.created)
@@ -257,6 +229,101 @@ class SliceGroupEngine:
             for involved in also_tell:
                 self.kube.record_event(dict(involved), labels.REASON_REQUESTED, message)
         return sent
+
+    def _send_round(
+        self, jobset: JobSet, items: Sequence[Create], pools: list[NodePoolInfo], budget: Budget, sent: Sent
+    ) -> set[str]:
+        """One round of creates into ``sent``; the pools whose attempt the look refused (nothing sent)."""
+        slots_account, policies, fallback = self.slots, self.policies, self.fallback
+        queue = list(items)
+        free = slots_account.free(pools)
+        if free is not None and free < len(queue):
+            # No point asking GKE for more operations than it runs at once: the rest waits for a
+            # finished operation (its audit entry resumes them) instead of collecting 429s.
+            queue, waiting = queue[:free], queue[free:]
+            sent.waiting.extend(waiting)
+
+        look = self.reservations
+        looked: set[str] = set()
+
+        def create(item: Create) -> None:
+            spec = item.spec
+            if look is not None and spec.reservation is not None:
+                try:
+                    placed = look.place(spec, pools)
+                except CapacityUnavailableError:
+                    looked.add(spec.name)  # no room: nothing was sent
+                    raise
+                spec = placed.spec
+                sent.placed[spec.name] = placed.why
+            if policies is not None:  # GKE needs the pool's workload policy to exist first
+                policies.ensure_for(spec, item.why)
+            try:
+                self.gke.create_node_pool(self.settings.cluster_path, spec, item.why)
+            except Exception:
+                if look is not None:
+                    look.forget(spec.name)
+                raise
+
+        result = slots_account.send_all(queue, create, budget, slots.busy(pools))
+        for item, error in result.sent:
+            if isinstance(error, CapacityUnavailableError):  # this attempt's capacity: fall back or back off
+                failure = fallback.refused(item.request, jobset, item.spec, error.why)
+                sent.capacity.append((item, failure, error.why))
+            elif error is None:
+                sent.created.append(item)
+            elif isinstance(error, AlreadyExistsError):
+                sent.exists.append(item)
+            elif isinstance(error, TransientError):
+                sent.transient.append((item, error))
+            elif isinstance(error, RejectedError):
+                sent.rejected.append((item, error))
+            else:
+                raise error  # a permanent error the adapter should not raise on create (e.g. 404 cluster)
+        sent.unsent.extend(result.unsent)
+        sent.stopped = result.stopped or sent.stopped
+        return looked
+
+    def _next_options(
+        self, jobset: JobSet, looked: set[str], pools: list[NodePoolInfo], sent: Sent, specs: Specs
+    ) -> list[Create]:
+        """The creates, on their next capacity option, of the slices the look just refused with an
+        option left, taken out of ``sent.capacity`` (the refused attempt stays recorded on the
+        JobSet, and in its Event). A slice whose next pool cannot be built, or whose next
+        reservation its namespace's TENANTS entry does not list, stays refused there: the
+        redelivery goes through ``charge`` and says why."""
+        again: list[Create] = []
+        kept: list[tuple[Create, backoff.Failure, str]] = []
+        for entry in sent.capacity:
+            item, failure, _ = entry
+            if item.spec.name not in looked or not failure.next:
+                kept.append(entry)
+                continue
+            try:
+                option = capacity.pick(self.fallback.options(item.request, jobset), failure.next)
+                spec, shape = specs.of(item.request, option)
+            except Refused:
+                kept.append(entry)
+                continue
+            namespace = item.request.slice_id.namespace
+            if spec.reservation is not None and self.spending.reservation_refusal(
+                namespace, spec.reservation
+            ):
+                kept.append(entry)
+                continue
+            again.append(dataclasses.replace(item, spec=spec, shape=shape))
+        sent.capacity[:] = kept
+        return again
+
+
+def _provisioning(item: Create) -> NodePoolInfo:
+    """A pool just accepted, as the next listing would show it (it takes an operation slot)."""
+    spec = item.spec
+    return NodePoolInfo(spec.name, STATUS_PROVISIONING, spec.machine_type, spec.node_count, dict(spec.labels))
+
+
+# A slice's capacity policy has a handful of options; a round per option and one more is plenty.
+_ROUNDS = 8
 
 
 __all__ = ["Charged", "Sent", "SliceGroupEngine", "SliceRefused", "plan"]

@@ -8,6 +8,8 @@ resume and reconcile all go through here, so they agree on the option of every a
 - an ERROR pool with a fallback option left is deleted at once (through the occupancy-safe
   ``Releaser``), and the delete's finished-operation entry resumes the slice on the next option;
 - a quota refusal with a fallback option left is retried on it by redelivery, seconds later;
+- a reservation the look before buying finds without room (nothing was sent) goes on to the next
+  option in the same delivery (``SliceGroupEngine.send``);
 - when no option is left the slice backs off (``backoff``) and then starts over.
 """
 

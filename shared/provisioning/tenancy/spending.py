@@ -171,12 +171,10 @@ class Spending:
             if entry is None:
                 return f"namespace {namespace!r} has no entry in TENANTS, so it may spend nothing", ""
             name = entry_name(entry)
-            if reservation is not None and not reservation_allowed(entry, reservation, settings.project_id):
-                listed = ", ".join(entry.reservations or ()) or "none"
-                return (
-                    f"{name} does not list reservation {reservation.value} (allowed: {listed})",
-                    name,
-                )
+            if reservation is not None:
+                unlisted = self.reservation_refusal(namespace, reservation)
+                if unlisted:
+                    return unlisted, name
             if entry.chips is not None:
                 used = self.usage(pools, exclude).get(entry.key, 0) + (pending or {}).get(entry.key, 0)
                 if used + chips > entry.chips:
@@ -186,6 +184,19 @@ class Spending:
                     )
             charged = name
         return "", charged or "CHIP_BUDGET"
+
+    def reservation_refusal(self, namespace: str, reservation: Reservation) -> str:
+        """Why ``namespace``'s TENANTS entry may not consume ``reservation`` ("" when it may, or when
+        no TENANTS is set)."""
+        if not self.settings.tenant_entries:
+            return ""
+        entry = self.entry(namespace)
+        if entry is None:
+            return f"namespace {namespace!r} has no entry in TENANTS, so it may spend nothing"
+        if reservation_allowed(entry, reservation, self.settings.project_id):
+            return ""
+        listed = ", ".join(entry.reservations or ()) or "none"
+        return f"{entry_name(entry)} does not list reservation {reservation.value} (allowed: {listed})"
 
     def never_holds(self, namespace: str, chips: int) -> str:
         """Why ``namespace`` could never hold ``chips`` more under TENANTS ("" when it could): no idle

@@ -160,8 +160,8 @@ def test_a_full_reservation_falls_back_to_on_demand_without_a_create(stack: Real
     submit(stack, _slice("reserved", annotations=_policy("reservation:tpu-res, on-demand")))
     pool = _running_pool(stack, "reserved")
     assert not (pool.get("config") or {}).get("reservationAffinity", {}).get("values")
-    # Compute said the reservation had no room, so no reserved create was sent; the redelivery
-    # created on-demand.
+    # Compute said the reservation had no room, so no reserved create was sent; the same delivery
+    # went on to on-demand.
     assert create_requests(stack, "reserved") == {str(pool["name"]): 1}
     assert successful_creates(stack, "reserved") == {str(pool["name"]): 1}
     failed = _messages(events_about(stack, labels.REASON_FAILED, "reserved"), "JobSet")

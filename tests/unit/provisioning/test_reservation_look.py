@@ -13,14 +13,17 @@ from sandbox.testing.compute import FakeReservations
 from sandbox.testing.fakes import FakeGke, FakeKube
 from shared.core import labels
 from shared.core.errors import CapacityUnavailableError, TransientError
+from shared.provisioning.admission.check import AdmissionChecker
 from shared.provisioning.create.reservations import CLAIM_TTL_SECONDS, ReservationLook
-from shared.provisioning.outcomes import CREATED
+from shared.provisioning.outcomes import CREATED, FAILED, REFUSED
 from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.services import Services
 from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_PROVISIONING, NodePoolInfo, NodePoolSpec, Reservation
+from shared.tpu.pods import Pod
 from shared.tpu.reservations import BlockView, ReservationView, SubBlockView
 from tests.unit.provisioning.stockouts import SETTINGS, T0, failed_events, pending, record
+from tests.unit.provisioning.test_admission_check import workload
 
 ZONE = "us-east5-b"
 MACHINE = "ct6e-standard-4t"  # the default JobSet's: v6e 4x4, 4 VMs per slice
@@ -73,15 +76,17 @@ def test_a_full_reservation_costs_no_create_and_the_next_one_with_room_is_bought
         gke, kube, compute, clock, "reservation:res-full, reservation:res-room, on-demand"
     )
     pods = submit(kube)
-    with pytest.raises(TransientError, match="falling back to reservation:res-room"):
-        pending(provision, pods[0])
-    assert gke.count("create") == 0  # nothing doomed was sent to GKE
-    [entry] = record(kube).values()
-    assert entry["option"] == f"reservation:res-full@{ZONE}"
-    [failed] = failed_events(kube)
-    assert "reservation res-full: 0 free VMs of 8, the slice needs 4" in failed["message"]
+    # One delivery: the full reservation's attempt is refused by the look (nothing doomed is sent
+    # to GKE) and the slice goes on to the next option at once, not at a redelivery.
     assert pending(provision, pods[0]) == CREATED
     assert (gke.count("create"), created_values(gke)) == (1, ["res-room"])
+    [entry] = record(kube).values()
+    assert (entry["option"], entry["next"]) == (
+        f"reservation:res-full@{ZONE}",
+        f"reservation:res-room@{ZONE}",
+    )
+    [failed] = failed_events(kube)
+    assert "reservation res-full: 0 free VMs of 8, the slice needs 4" in failed["message"]
     requested = [e["message"] for e in kube.events if e["reason"] == labels.REASON_REQUESTED]
     assert any("reservation res-room: 6 free VMs, the slice takes 4" in m for m in requested), requested
 
@@ -127,10 +132,48 @@ def test_a_missing_reservation_is_an_attempt_refused_without_a_create(
 ) -> None:
     provision = provisioner(gke, kube, compute, clock, "reservation:gone, on-demand")
     pods = submit(kube)
-    with pytest.raises(TransientError, match="falling back to on-demand"):
+    assert pending(provision, pods[0]) == CREATED
+    assert created_values(gke) == ["-"]  # the one create: on demand, no reservation named
+    assert "reservation gone not found in zone us-east5-b" in failed_events(kube)[0]["message"]
+
+
+def test_every_reservation_full_backs_off_after_one_delivery_without_a_create(
+    gke: FakeGke, kube: FakeKube, compute: FakeReservations, clock: FakeClock
+) -> None:
+    compute.add(reservation("res-a", vms=4, in_use=4))
+    compute.add(reservation("res-b", vms=8, in_use=6))
+    provision = provisioner(gke, kube, compute, clock, "reservation:res-a, reservation:res-b")
+    pods = submit(kube)
+    # Both looks in the one delivery; no option left, so the slice backs off (no redelivery asked).
+    assert pending(provision, pods[0]) == FAILED
+    assert gke.count("create") == 0
+    [entry] = record(kube).values()
+    assert (entry["attempts"], entry["option"], entry.get("next")) == (2, f"reservation:res-b@{ZONE}", None)
+    said = [e["message"] for e in failed_events(kube)]
+    assert any("reservation res-a: 0 free VMs of 4" in m for m in said), said
+    assert any("reservation res-b: 2 free VMs of 8, the slice needs 4" in m for m in said), said
+
+
+def test_a_next_reservation_its_tenant_may_not_use_is_left_to_the_redelivery_and_refused_there(
+    gke: FakeGke, kube: FakeKube, compute: FakeReservations, clock: FakeClock
+) -> None:
+    compute.add(reservation("res-full", vms=4, in_use=4))
+    compute.add(reservation("res-other", vms=8))
+    tenants = '{"team-a": {"chips": 64, "reservations": ["res-full"]}}'
+    settings = SETTINGS.with_overrides(
+        capacity_policy="reservation:res-full, reservation:res-other",
+        tenants=tenants,
+        unlimited_spending=False,
+    )
+    look = ReservationLook(settings, compute, clock=clock)
+    provision = Provisioner(Services(settings, gke, kube, wall_clock=clock, reservations=look))
+    pods = submit(kube)
+    with pytest.raises(TransientError, match="falling back to reservation:res-other"):
         pending(provision, pods[0])
     assert gke.count("create") == 0
-    assert "reservation gone not found in zone us-east5-b" in failed_events(kube)[0]["message"]
+    outcome = provision.provision_pod(Pod.parse(pods[0]), gke.list_node_pools(settings.cluster_path))
+    assert outcome.result == REFUSED and "does not list reservation res-other" in outcome.why, outcome
+    assert gke.count("create") == 0
 
 
 def spec(name: str, vms: int = 4) -> NodePoolSpec:
@@ -155,3 +198,24 @@ def test_claims_come_from_provisioning_pools_and_own_creates_until_listed_or_exp
     look.forget("two")
     clock.now += CLAIM_TTL_SECONDS + 1
     assert look.place(spec("three", 8), []).spec.reservation == Reservation("dense", block="b1")
+
+
+def test_the_admission_check_buys_every_slice_on_the_reservation_with_room_in_one_pass(
+    gke: FakeGke, kube: FakeKube, compute: FakeReservations, clock: FakeClock
+) -> None:
+    # Kueue's QuotaReserved comes once: the slices must not wait for a later sweep to fall back.
+    compute.add(reservation("res-full", vms=8, in_use=8))
+    compute.add(reservation("res-room", vms=16))
+    settings = SETTINGS.with_overrides(capacity_policy="reservation:res-full, reservation:res-room")
+    look = ReservationLook(settings, compute, clock=clock)
+    checker = AdmissionChecker(Services(settings, gke, kube, wall_clock=clock, reservations=look))
+    jobset = tpu_jobset("a", "team-a", replicas=2)
+    jobset["spec"]["suspend"] = True
+    kube.add_jobset(jobset)
+    kube.flavors["vlp"] = {"metadata": {"name": "vlp"}, "spec": {"nodeLabels": {}}}
+    wl = workload(jobset)
+    kube.add_workload(wl)
+    result = checker.handle("team-a", wl["metadata"]["name"], "QuotaReserved")
+    assert result.state == "Pending" and len(result.created) == 2, result
+    assert created_values(gke) == ["res-room", "res-room"]
+    assert {e["option"] for e in record(kube).values()} == {f"reservation:res-full@{ZONE}"}
