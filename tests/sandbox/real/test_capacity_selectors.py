@@ -184,6 +184,13 @@ def test_the_slice_runs_in_the_reservation_block_with_room_not_the_full_one(stac
     submit(stack, _slice("holder", annotations=_policy("reservation:res-full"), run_seconds=60))
     holder = _running_pool(stack, "holder")
     assert (holder.get("config") or {}).get("reservationAffinity", {}).get("values") == ["res-full"]
+    # The holder's pod on its node first: a pool of the shape with no pod bound yet is free to any
+    # JobSet's exclusive Job, and "placed" would run on it (seen in CI) instead of on its own pool.
+    stack.wait_for(
+        lambda: any((p.get("status") or {}).get("phase") == "Running" for p in _pods(stack, "holder")),
+        60,
+        "the holder's pod Running on its pool",
+    )
     policy = _policy("reservation:res-full, reservation:res-dense")
     submit(stack, _slice("placed", annotations=policy))
     pool = _running_pool(stack, "placed")
