@@ -352,6 +352,30 @@ class RealStack:
             if ((p.get("config") or {}).get("labels") or {}).get(labels.MANAGED_BY) == labels.MANAGED_BY_VALUE
         ]
 
+    def wait_pools_gone(self, timeout: float, cluster: str | None = None, window: float = 120.0) -> None:
+        """Wait until the cluster's managed pools are gone, as a deployment sees it: the releases
+        delete every pool within ``timeout``, except a pool a release kept idle for a queued JobSet
+        of its shape (stamped ``idle-since``) that nobody then took: that one is the reconcile
+        sweep's once its handover window (``window``, IDLE_POOL_SECONDS) is over, so Cloud
+        Scheduler's tick is sent (infra: every 5 minutes) until it goes."""
+
+        def unstamped() -> list[str]:
+            return [
+                str(p.get("name"))
+                for p in self.managed_pools(cluster)
+                if not ((p.get("config") or {}).get("labels") or {}).get(labels.IDLE_SINCE)
+            ]
+
+        self.wait_for(lambda: not unstamped(), timeout, "every TPU pool not kept idle to be deleted")
+        if not self.managed_pools(cluster):
+            return
+
+        def swept() -> bool:
+            self.trigger_reconcile()
+            return not self.managed_pools(cluster)
+
+        self.wait_for(swept, window + 60.0, "pools kept idle to go at the reconcile sweep", interval=5.0)
+
     def events(
         self, reason: str | None = None, namespace: str | None = None, cluster: str | None = None
     ) -> list[dict[str, Any]]:

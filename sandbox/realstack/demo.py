@@ -129,7 +129,7 @@ def run(stack: RealStack, run_seconds: float = 5.0, timeout: float = 600.0) -> O
             stack.submit(queued_jobset(name, slices, run_seconds))
         for name, _ in JOBSETS:
             stack.wait_for(lambda n=name: finished(n), left(), f"JobSet {name} to finish")  # type: ignore[misc]
-        stack.wait_for(lambda: not stack.managed_pools(), left(), "every TPU pool to be deleted")
+        stack.wait_pools_gone(left())
         seconds["jobsets"] = time.monotonic() - started
     except TimeoutError as exc:
         problems.append(str(exc))

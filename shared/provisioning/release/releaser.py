@@ -262,23 +262,16 @@ class Releaser:
         pools = [p for p in listing if owned_by(p, namespace, name, uid)]
         jobsets: JobSets = {}
         ran_on = self._ran_on(namespace, name, uid, listing, pools, jobsets) if name else {}
-        # The pools kept idle for a waiting JobSet of their shape are judged again at every
-        # JobSet's deletion or end (at an end, those stamped idle only): a queued JobSet leaves the
-        # queue without running by its deletion, and the one a pool waited for may have been
-        # admitted and run on pools of its own (the admission check bought them before the offer
-        # was stamped), so nothing would take the idle pool and only the reconcile sweep would
-        # delete it (seen in CI: the tutorial's last pool outlived its JobSets by minutes).
-        # ``occupancy.decide`` keeps it while a queued JobSet of its shape still waits within the
-        # window, and a JobSet Kueue admitted just now whose pods may still land on it defers the
-        # delete without a cordon (``just_admitted_taker``), so no pod is made to pend.
+        # The pools kept idle for a waiting JobSet of their shape: a queued JobSet leaves the queue
+        # without running only by its deletion, which may take what they wait for, so they are judged
+        # again now rather than at the window's end. Not on a JobSet's end: the next queued one may
+        # have just been admitted, its pods not yet bound, and a cordon then would make them pend.
         held: set[str] = set()
         all_jobsets = None
         if deleted:
             all_jobsets = self._read_owners(listing, jobsets)
             held = {p.name for p in listing if _held_idle(p) or self._may_be_offered(p, jobsets)}
-        elif name:  # an end: only pools already stamped idle (one being offered is its release's)
-            held = {p.name for p in listing if _held_idle(p)}
-        held -= {p.name for p in pools} | set(ran_on)
+            held -= {p.name for p in pools} | set(ran_on)
         if not pools and not ran_on and not held:
             logs.decision(
                 log,

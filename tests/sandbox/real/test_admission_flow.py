@@ -64,7 +64,9 @@ def test_every_jobset_starts_with_all_its_slices_and_no_pod_ever_waits_for_one(s
         return [n for n, _ in JOBSETS if stack.jobset_state(NAMESPACE, n) not in ("Completed", "Failed")]
 
     stack.wait_for(lambda: not unfinished(), 420, "every JobSet to finish")
-    stack.wait_for(lambda: not stack.managed_pools(), 240, "every TPU pool to be deleted")
+    # A pool kept idle for a queued JobSet that ran on pools of its own goes at the reconcile
+    # sweep, after its handover window (seen in CI); every other pool at its release.
+    stack.wait_pools_gone(240)
     assert {name: stack.jobset_state(NAMESPACE, name) for name, _ in JOBSETS} == {
         name: "Completed" for name, _ in JOBSETS
     }

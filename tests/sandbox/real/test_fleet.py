@@ -112,11 +112,7 @@ def test_the_tutorial_runs_in_both_clusters_at_once_each_on_its_own_pools(
             plane.submit(queued_jobset(name, slices, run_seconds=5))
     stack.wait_for(lambda: not _unfinished(stack), 480, "every JobSet of both clusters to finish")
     for plane in stack.planes:
-        stack.wait_for(
-            lambda p=plane.path: not stack.managed_pools(p),  # type: ignore[misc]
-            240,
-            f"{plane.cluster_id.name}'s TPU pools to be deleted",
-        )
+        stack.wait_pools_gone(240, cluster=plane.path)
     home = stack.home
     for plane in stack.planes:
         assert {n: plane.jobset_state(NAMESPACE, n) for n, _ in JOBSETS} == {
