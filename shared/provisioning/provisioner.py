@@ -42,7 +42,6 @@ from shared.tpu import drift, owners, selectors
 from shared.tpu.jobsets import JobSet, jobset_problem, jobset_ref
 from shared.tpu.nodepools import (
     STATUS_ERROR,
-    STATUS_PROVISIONING,
     STATUS_STOPPING,
     ClusterInfo,
     NodePoolInfo,
@@ -345,15 +344,7 @@ class Provisioner:
         """GKE accepted one create: remembered, and the listing updated with it."""
         spec, slice_desc = item.spec, item.slice_desc
         self.known_pools.remember(spec.name)
-        group.pools.append(
-            NodePoolInfo(
-                name=spec.name,
-                status=STATUS_PROVISIONING,
-                machine_type=spec.machine_type,
-                node_count=spec.node_count,
-                labels=dict(spec.labels),
-            )
-        )
+        group.pools.append(item.listed())
         # How long the slice's pod waited before its pool was requested (a dashboard distribution).
         created_at = group.pod.created_at
         waited = round(max(0.0, time.time() - created_at), 1) if created_at else None

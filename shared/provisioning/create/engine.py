@@ -51,7 +51,7 @@ from shared.provisioning.tenancy.guardrails import managed_chips, over_chip_budg
 from shared.provisioning.tenancy.spending import Spending
 from shared.tpu import capacity, catalog
 from shared.tpu.jobsets import JobSet, jobset_ref
-from shared.tpu.nodepools import STATUS_PROVISIONING, ClusterInfo, NodePoolInfo
+from shared.tpu.nodepools import ClusterInfo, NodePoolInfo
 from shared.tpu.slices import SliceRequest, policy_of, slice_options
 
 
@@ -214,7 +214,7 @@ class SliceGroupEngine:
             queue = self._next_options(jobset, looked, listing, sent, specs) if specs is not None else []
             if not queue:
                 break
-            listing = [*pools, *(_provisioning(item) for item in sent.created)]
+            listing = [*pools, *(item.listed() for item in sent.created)]
         if sent.created:
             # One Event per group (or per part of it a delivery got through), naming every pool.
             names = ", ".join(i.spec.name for i in sent.created)
@@ -314,12 +314,6 @@ class SliceGroupEngine:
             again.append(dataclasses.replace(item, spec=spec, shape=shape))
         sent.capacity[:] = kept
         return again
-
-
-def _provisioning(item: Create) -> NodePoolInfo:
-    """A pool just accepted, as the next listing would show it (it takes an operation slot)."""
-    spec = item.spec
-    return NodePoolInfo(spec.name, STATUS_PROVISIONING, spec.machine_type, spec.node_count, dict(spec.labels))
 
 
 # A slice's capacity policy has a handful of options; a round per option and one more is plenty.

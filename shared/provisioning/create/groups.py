@@ -18,7 +18,7 @@ from shared.core.settings import Settings
 from shared.tpu import capacity, catalog
 from shared.tpu.capacity import CapacityOption
 from shared.tpu.jobsets import JobSet
-from shared.tpu.nodepools import ClusterInfo, NodePoolInfo, NodePoolSpec
+from shared.tpu.nodepools import STATUS_PROVISIONING, ClusterInfo, NodePoolInfo, NodePoolSpec
 from shared.tpu.pods import Pod
 from shared.tpu.slices import SliceRequest, build_node_pool, pool_name
 
@@ -75,6 +75,14 @@ class Create:
             f"({request.accelerator} {shape.topology}, {shape.total_chips} chips)"
         )
         return cls(request, spec, slice_desc, f"{why} {note}" if note else why, shape)
+
+    def listed(self) -> NodePoolInfo:
+        """The pool once GKE accepted this create, as the next listing shows it (PROVISIONING: it
+        takes an operation slot)."""
+        spec = self.spec
+        return NodePoolInfo(
+            spec.name, STATUS_PROVISIONING, spec.machine_type, spec.node_count, dict(spec.labels)
+        )
 
 
 @dataclasses.dataclass(frozen=True)

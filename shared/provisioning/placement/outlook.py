@@ -122,18 +122,22 @@ def with_shortage(
     """The CAPACITY_SHORT annotation with ``shape`` short now (options merged with a recent record
     of it), and entries older than ``seconds`` dropped."""
     record = shortages_of(annotations, now, seconds)
-    tried = sorted({*options, *(record[shape].options if shape in record else ())})
-    entries = {s: {"at": stamp(r.at), "options": list(r.options)} for s, r in record.items()}
-    entries[shape] = {"at": stamp(now), "options": tried}
-    return json.dumps(entries, sort_keys=True)
+    tried = tuple(sorted({*options, *(record[shape].options if shape in record else ())}))
+    return _render({**record, shape: Shortage(now, tried)})
 
 
 def without_shortage(annotations: Mapping[str, str], shape: str, now: float, seconds: float) -> str | None:
     """The CAPACITY_SHORT annotation with ``shape`` no longer short (entries older than ``seconds``
     dropped too); None when nothing is left, which removes the annotation."""
     record = shortages_of(annotations, now, seconds)
-    entries = {s: {"at": stamp(r.at), "options": list(r.options)} for s, r in record.items() if s != shape}
-    return json.dumps(entries, sort_keys=True) if entries else None
+    left = {s: r for s, r in record.items() if s != shape}
+    return _render(left) if left else None
+
+
+def _render(record: Mapping[str, Shortage]) -> str:
+    """The CAPACITY_SHORT annotation's text of ``record`` (the form ``shortages_of`` reads)."""
+    entries = {s: {"at": stamp(r.at), "options": list(r.options)} for s, r in record.items()}
+    return json.dumps(entries, sort_keys=True)
 
 
 def _ago(seconds: float) -> str:

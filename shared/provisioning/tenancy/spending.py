@@ -171,10 +171,9 @@ class Spending:
             if entry is None:
                 return f"namespace {namespace!r} has no entry in TENANTS, so it may spend nothing", ""
             name = entry_name(entry)
-            if reservation is not None:
-                unlisted = self.reservation_refusal(namespace, reservation)
-                if unlisted:
-                    return unlisted, name
+            unlisted = self._unlisted(entry, reservation) if reservation is not None else ""
+            if unlisted:
+                return unlisted, name
             if entry.chips is not None:
                 used = self.usage(pools, exclude).get(entry.key, 0) + (pending or {}).get(entry.key, 0)
                 if used + chips > entry.chips:
@@ -193,6 +192,10 @@ class Spending:
         entry = self.entry(namespace)
         if entry is None:
             return f"namespace {namespace!r} has no entry in TENANTS, so it may spend nothing"
+        return self._unlisted(entry, reservation)
+
+    def _unlisted(self, entry: TenantEntry, reservation: Reservation) -> str:
+        """Why ``entry`` may not consume ``reservation`` ("" when it lists it)."""
         if reservation_allowed(entry, reservation, self.settings.project_id):
             return ""
         listed = ", ".join(entry.reservations or ()) or "none"
