@@ -199,6 +199,8 @@ class AdmissionChecker:
             verdict = decide(self.pools.states(jobset, slices, pools))
         if verdict.state == PENDING and verdict.create:
             created, verdict = self.pools.create(jobset, slices, verdict, list(pools.values()))
+            if created and self.settings.idle_pool_seconds:
+                self.pools.withdraw_offers(jobset, created)
         if verdict.state == READY:
             return _with_updates(verdict, self._pod_set_updates(slices)), created
         return verdict, created

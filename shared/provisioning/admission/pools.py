@@ -4,11 +4,12 @@ the missing ones at once (``shared.provisioning.admission.check`` decides and wr
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 from collections.abc import Mapping
 
 from shared.cloud.retry import Budget
-from shared.core import labels
+from shared.core import labels, logs
 from shared.core.errors import (
     NotFoundError,
     TransientError,
@@ -25,10 +26,24 @@ from shared.tpu.jobsets import JobSet
 from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
 from shared.tpu.workloads import RETRY, WorkloadSlice
 
+log = logging.getLogger(__name__)
+
 
 def _identity(jobset: JobSet) -> tuple[str, str, str]:
     meta = jobset.meta
     return (meta.namespace, meta.name, meta.uid)
+
+
+def _kept_idle(jobset: JobSet, listing: list[NodePoolInfo]) -> list[NodePoolInfo]:
+    """Running managed pools a release keeps idle for a queued JobSet (``IDLE_SINCE``), not this one's."""
+    return [
+        p
+        for p in listing
+        if is_managed(p)
+        and p.status == STATUS_RUNNING
+        and p.labels.get(labels.IDLE_SINCE)
+        and not owned_by(p, *_identity(jobset))
+    ]
 
 
 class SlicePools:
@@ -117,14 +132,7 @@ class SlicePools:
         The pool is adopted at once (owner and billing labels, a ``TPUSliceAdopted`` Event), so the
         Workload's own end releases it and its former owner's release no longer touches it.
         """
-        idle = [
-            p
-            for p in listing
-            if is_managed(p)
-            and p.status == STATUS_RUNNING
-            and p.labels.get(labels.IDLE_SINCE)
-            and not owned_by(p, *_identity(jobset))
-        ]
+        idle = _kept_idle(jobset, listing)
         if not idle or not self.settings.idle_pool_seconds:
             return []
         failures = backoff.failures(jobset, self.backoff.clock())
@@ -174,6 +182,45 @@ class SlicePools:
             ):
                 taken.append(match.name)
         return taken
+
+    def withdraw_offers(self, jobset: JobSet, created: tuple[str, ...]) -> None:
+        """After creating ``created`` for this JobSet, look at the pools again: a release may have
+        stamped a pool of their shape idle for this very JobSet after this delivery listed them
+        (``take_idle`` saw none), and nobody else may want it. Each side writes, then reads (the
+        release reads again after its stamps), so one of them always sees the other; the pool is
+        judged now as reconcile would judge it, and goes unless another queued JobSet waits for it.
+        A failure here is logged and left to the release's redelivery or the next reconcile sweep:
+        the creates are done and this JobSet's check must not fail for another JobSet's pool."""
+        listing = self.gke.list_node_pools(self.settings.cluster_path)
+        shapes = {pool_shape(p) for p in listing if p.name in created}
+        stale = [p for p in _kept_idle(jobset, listing) if pool_shape(p) in shapes]
+        now = datetime.datetime.now(tz=datetime.UTC)
+        trigger = f"admission check of {jobset.meta.namespace}/{jobset.meta.name}, which bought its own"
+        for pool in stale:
+            namespace, name = pool.owner.namespace, pool.owner.name
+            try:
+                try:
+                    owner = self.kube.get_jobset(namespace, name)
+                except NotFoundError:
+                    owner = None
+                verdict = self.releaser.judge(pool, owner, now)
+                if not verdict.delete:
+                    continue
+                outcome = self.releaser.dispose(
+                    [(pool, verdict)], trigger, {(namespace, name): owner}, listing
+                )
+                problems = outcome.retry
+            except TransientError as exc:
+                problems = [exc.why]
+            if problems:
+                logs.decision(
+                    log,
+                    "admission.offer_left",
+                    f"{pool.name} kept idle for now, looked at again later: {'; '.join(problems)}",
+                    logging.WARNING,
+                    pool=pool.name,
+                    jobset=f"{jobset.meta.namespace}/{jobset.meta.name}",
+                )
 
     def recycle(self, jobset: JobSet, pool: NodePoolInfo) -> None:
         """Delete a failed pool whose backoff is over (occupancy-safe, as reconcile recycles it)."""

@@ -325,7 +325,7 @@ def decide(
         return Decision(ADOPT, f"{verdict.why}; {ran}", last_user)
     if pool.status not in SERVING:
         return Decision(DELETE, verdict.why)  # only a pool whose nodes serve is worth holding
-    taker = _taker(pool, demand, just_admitted=False)
+    taker = waiting_taker(pool, demand)
     if taker is not None and idle_seconds < settings.idle_pool_seconds:
         return Decision(
             OFFER,
@@ -375,6 +375,11 @@ def just_admitted_taker(pool: NodePoolInfo, found: Sequence[Demand]) -> Demand |
     """The JobSet admitted a moment ago (``Demand.just_admitted``) whose pods could still land on
     ``pool`` (its shape, not its owner), or None."""
     return _taker(pool, found, just_admitted=True)
+
+
+def waiting_taker(pool: NodePoolInfo, found: Sequence[Demand]) -> Demand | None:
+    """The queued JobSet (not admitted yet) that ``pool`` would be kept idle for, or None."""
+    return _taker(pool, found, just_admitted=False)
 
 
 def _taker(pool: NodePoolInfo, found: Sequence[Demand], just_admitted: bool) -> Demand | None:

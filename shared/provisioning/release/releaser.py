@@ -408,6 +408,7 @@ class Releaser:
         outcome = d.outcome
         may_own = functools.partial(self.may_own, listing=listing)
         waiting: list[occupancy.Demand] | None = None
+        stamped: list[tuple[NodePoolInfo, dict[str, str]]] = []  # offered for the first time here
         for pool, verdict in verdicts:
             fields = {"pool": pool.name, "jobset": pool.owner.describe()}
             if not verdict.delete:
@@ -443,7 +444,7 @@ class Releaser:
                     and self.settings.idle_pool_seconds > 0
                     and not self.settings.drain
                 ):
-                    waiting = self._demand(listing, all_jobsets)
+                    waiting, all_jobsets = self._demand(listing, all_jobsets)
                 decision = occupancy.decide(
                     pool, verdict, found, waiting or [], idle or 0.0, self.settings, may_own=may_own
                 )
@@ -497,6 +498,8 @@ class Releaser:
                         self._relabel(pool, {**pool.labels, **stamp}, decision.why, inherited)
                     if heir is not None:
                         self._record_adoption(*heir, d, fields)
+                    if stamp:
+                        stamped.append((pool, fields))
                     outcome.offered.append(pool)
                     logs.decision(log, "release.offered", f"kept {pool.name} idle: {decision.why}", **fields)
                 else:
@@ -510,6 +513,8 @@ class Releaser:
                 logs.decision(
                     log, "release.retry", f"{pool.name} must be retried: {exc.why}", logging.WARNING, **fields
                 )
+        if stamped:
+            self._withdraw_stale_offers(stamped, all_jobsets, outcome)
         self._report(d)
         return outcome
 
@@ -532,11 +537,36 @@ class Releaser:
 
     def _demand(
         self, listing: list[NodePoolInfo], all_jobsets: list[JobSet] | None
-    ) -> list[occupancy.Demand]:
+    ) -> tuple[list[occupancy.Demand], list[JobSet]]:
+        """The demand idle pools may be kept for, and the JobSets it was read from (listed when
+        ``all_jobsets`` is None)."""
         if all_jobsets is None:
             all_jobsets = self.kube.list_jobsets()
         now = datetime.datetime.now(tz=datetime.UTC)
-        return occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
+        found = occupancy.demand(all_jobsets, listing, self.settings, self.spending.never_holds, now)
+        return found, all_jobsets
+
+    def _withdraw_stale_offers(
+        self,
+        stamped: list[tuple[NodePoolInfo, dict[str, str]]],
+        all_jobsets: list[JobSet] | None,
+        outcome: Outcome,
+    ) -> None:
+        """Look at the pools again after stamping them idle: the delivery's listing is seconds old,
+        and the admission check may have bought the waiting JobSet pools of its own meanwhile (it
+        hands over only pools it sees stamped). Both sides write, then read: the check lists the
+        pools again after its creates (``AdmissionPools.withdraw_offers``), this reads them after
+        its stamps, so one of the two always sees the other. A pool nobody waits for any more is
+        looked at again on the redelivery, where its owner's verdict deletes it: without this it
+        stayed idle until the reconcile sweep (up to one tick plus the handover window of cost)."""
+        waiting, _ = self._demand(self.gke.list_node_pools(self.settings.cluster_path), all_jobsets)
+        for pool, fields in stamped:
+            if occupancy.waiting_taker(pool, waiting) is not None:
+                continue
+            why = "the JobSet it was kept for has pools of its own now"
+            outcome.offered = [p for p in outcome.offered if p.name != pool.name]
+            outcome.retry.append(f"{pool.name}: {why}")
+            logs.decision(log, "release.withdrawn", f"{pool.name} is no longer kept idle: {why}", **fields)
 
     def _delete(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,37 @@ def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
     assert checker.sweep()[0].state == "Ready"
     assert state_of(kube, wl)["message"] == "pools ready 2/2"
     assert gke.count("create") == 2 and gke.count("delete") == 0
+
+
+def test_a_pool_stamped_idle_for_the_jobset_while_its_pools_are_bought_goes(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check listed the pools (the old JobSet's was not stamped yet), then the old JobSet's
+    # release stamped it idle for this Workload's JobSet, then the check created its own. The check
+    # reads the pools again after its creates and judges the stamped one: nobody else waits for it.
+    old = tpu_jobset("old", "team-a", replicas=1, uid="old-uid")
+    old["status"] = {"conditions": [{"type": "Completed", "status": "True", "lastTransitionTime": ago(60)}]}
+    kube.add_jobset(old)
+    spec, _ = build_node_pool(SETTINGS, slice_request(expand_pods(old)[0]), gke.get_cluster(CLUSTER))
+    gke.create_node_pool(CLUSTER, spec, "test")
+    gke.mark(CLUSTER, spec.name, STATUS_RUNNING)
+    kube.add_pool_nodes(gke.pools[CLUSTER][spec.name])
+    create = gke.create_node_pool
+
+    def release_stamps_first(*args: Any, **kwargs: Any) -> Any:
+        idle = gke.pools[CLUSTER][spec.name]
+        stamp = {**idle.labels, labels.IDLE_SINCE: str(int(time.time()))}
+        gke.pools[CLUSTER][spec.name] = dataclasses.replace(idle, labels=stamp)
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(gke, "create_node_pool", release_stamps_first)
+    _, wl = setup(kube, replicas=1)
+    result = AdmissionChecker(Services(SETTINGS, gke, kube)).handle("team-a", wl["metadata"]["name"])
+
+    assert result.state == "Pending" and len(result.created) == 1
+    assert spec.name not in gke.pools[CLUSTER] and gke.count("delete") == 1
+    released = [e["message"] for e in kube.events if e["reason"] == labels.REASON_RELEASED]
+    assert any(spec.name in m and "which bought its own" in m for m in released), released
 
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)

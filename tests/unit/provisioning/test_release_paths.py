@@ -22,7 +22,9 @@ from shared.provisioning.provisioner import Provisioner
 from shared.provisioning.reconciler import Reconciler
 from shared.provisioning.release.releaser import Releaser
 from shared.provisioning.services import Services
+from shared.tpu.jobsets import expand_pods
 from shared.tpu.nodepools import STATUS_ERROR, NodePoolInfo
+from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.releases import (
     CLUSTER,
     SETTINGS,
@@ -272,6 +274,47 @@ def test_an_idle_pool_still_wanted_stays_through_another_jobsets_release(
     del kube.jobsets[("team-a", "queued")]
     assert Releaser(settings, gke, kube).release("team-b", "other", "", "JobSet completed") == []
     assert pool.name in gke.pools[CLUSTER] and gke.count("delete") == 0
+
+
+def test_an_offer_to_a_jobset_that_bought_its_own_pool_meanwhile_is_withdrawn(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A's release listed the pools, then the admission check bought the queued JobSet a pool of its
+    # own, then A's release stamped its pool idle for it. Seen in CI: nobody took the stamped pool and
+    # it lived until the next reconcile sweep. The release reads the pools again after its stamp.
+    pool, queued, settings = finished_beside_queued(gke, kube, finished_ago=30)
+    spec, _ = build_node_pool(settings, slice_request(expand_pods(queued)[0]), gke.get_cluster(CLUSTER))
+    stamp = gke.set_node_pool_labels
+
+    def check_creates_first(*args: Any, **kwargs: Any) -> Any:
+        if spec.name not in gke.pools[CLUSTER]:
+            gke.create_node_pool(CLUSTER, spec, "the admission check of team-a/queued")
+        return stamp(*args, **kwargs)
+
+    monkeypatch.setattr(gke, "set_node_pool_labels", check_creates_first)
+    with pytest.raises(TransientError, match="kept for has pools of its own now"):
+        Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed")
+    assert gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)  # the offer was made
+    # The redelivery judges it with nobody waiting: it goes, and A's describe says so.
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+    assert any(pool.name in m for m in events(kube, labels.REASON_RELEASED, "a"))
+    assert spec.name in gke.pools[CLUSTER]  # the queued JobSet's own pool is untouched
+
+
+def test_an_offer_the_waiting_jobset_still_needs_costs_one_more_listing(
+    gke: FakeGke, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool, _, settings = finished_beside_queued(gke, kube, finished_ago=30)
+    listings: list[str] = []
+    real = gke.list_node_pools
+    monkeypatch.setattr(gke, "list_node_pools", lambda c: listings.append(c) or real(c))
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "JobSet completed") == []
+    assert gke.pools[CLUSTER][pool.name].labels.get(labels.IDLE_SINCE)
+    assert len(listings) == 2  # the delivery's own, and the one after the stamp
+    # Already stamped, a later look offers it again without another read.
+    listings.clear()
+    assert Releaser(settings, gke, kube).release("team-a", "a", "", "redelivery") == []
+    assert len(listings) == 1
 
 
 def test_the_idle_window_of_a_deleted_owner_is_stamped_on_the_pool(gke: FakeGke, kube: FakeKube) -> None:
