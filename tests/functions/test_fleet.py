@@ -393,3 +393,65 @@ def test_apply_kueue_applies_to_the_cluster_the_message_names_and_refuses_an_out
     assert down.status_code == 503  # redelivered until "down" answers; nothing lost
     assert home.status_code == 200 and [a["cluster"] for a in applied] == [HOME.path]
     assert queues() != before
+
+
+def _cluster_created(cluster: ClusterId) -> dict[str, Any]:
+    """The last Admin Activity entry of a finished ``CreateCluster`` of ``cluster``, as the setup
+    sink routes it (``sinks/``)."""
+    return {
+        "logName": f"projects/{cluster.project}/logs/cloudaudit.googleapis.com%2Factivity",
+        "protoPayload": {
+            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
+            "serviceName": "container.googleapis.com",
+            "methodName": "google.container.v1.ClusterManager.CreateCluster",
+            "resourceName": f"projects/{cluster.project}/zones/{cluster.location}/clusters/{cluster.name}",
+        },
+        "resource": {
+            "type": "gke_cluster",
+            "labels": {
+                "project_id": cluster.project,
+                "location": cluster.location,
+                "cluster_name": cluster.name,
+            },
+        },
+        "operation": {"id": "operation-7", "producer": "container.googleapis.com", "last": True},
+        "severity": "NOTICE",
+    }
+
+
+def test_setup_installs_on_a_cluster_created_with_the_fleet_label_at_once(
+    gke: GkeEmulator, serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cluster of a FLEET_PROJECTS project: its CreateCluster entry arrives as it comes up, long
+    # before the fleet's cached listing would be refreshed, so setup asks GKE there and then. The
+    # installer is a recorder: which cluster would be set up is what this test is about.
+    from shared.app import setup_handlers
+
+    installed: list[str] = []
+
+    class Recorded:
+        changed = True
+
+        def summary(self) -> str:
+            return "recorded"
+
+    class RecordingInstaller:
+        def __init__(self, objects: object, settings: Settings) -> None:
+            pass
+
+        def install(self, cluster: str = "") -> Recorded:
+            installed.append(cluster)
+            return Recorded()
+
+    monkeypatch.setattr(setup_handlers, "Installer", RecordingInstaller)
+    # The deployed TTL: without the fresh listing the labelled cluster would wait five minutes.
+    with serve("setup_cluster", fleet_projects=(LABELLED.project,), fleet_discovery_seconds=300) as function:
+        unlabelled = function.function.post_entry(_cluster_created(LABELLED))
+        assert installed == [] and function.events("setup.ignored")
+        label_into_fleet(gke, LABELLED)
+        labelled = function.function.post_entry(_cluster_created(LABELLED))
+        outsider = function.function.post_entry(_cluster_created(OUTSIDER))
+        done = function.events("setup.done")
+    assert (unlabelled.status_code, labelled.status_code, outsider.status_code) == (200, 200, 200)
+    assert installed == [LABELLED.path]
+    assert [d["cluster"] for d in done] == [LABELLED.path]
