@@ -362,10 +362,10 @@ def _owned_counts(pools: Iterable[NodePoolInfo]) -> dict[tuple[str, str, str, st
     return counts
 
 
-# How long after Kueue admits a JobSet a pool of its shape is not deleted while the JobSet has
-# slices without a pool: JobSet's controller creates the Jobs, the Job controller the pods, and the
-# scheduler binds them to any free pool of their shape within seconds; a cordon in that gap leaves
-# them Pending and buys a new pool. Half a minute covers a loaded control plane; the release asks
+# How long after Kueue admits a JobSet a free pool of its shape is not deleted: JobSet's controller
+# creates the Jobs, the Job controller the pods, and the scheduler binds them to any free pool of
+# their shape within seconds (made for them or not); a cordon in that gap leaves them Pending, and
+# without pools of their own buys new ones. Half a minute covers a loaded control plane; the release asks
 # for a redelivery meanwhile instead of holding the pool (``Releaser.dispose``), so nothing is kept
 # past it.
 JUST_ADMITTED_SECONDS = 30.0
@@ -420,8 +420,10 @@ def demand(
     provision function creates their own pools on their first event, and holding another pool for
     them as well would pay for two.
 
-    With ``now``, the JobSets Kueue admitted at most ``JUST_ADMITTED_SECONDS`` before it (with slices
-    still without a pool) are listed too, marked ``just_admitted``: ``decide`` holds nothing for them.
+    With ``now``, the JobSets Kueue admitted at most ``JUST_ADMITTED_SECONDS`` before it are listed
+    too, marked ``just_admitted``, whether their slices have pools of their own or not (the
+    scheduler binds their pods to any free pool of the shape): ``decide`` holds nothing for them,
+    and the release defers deleting a free pool of their shape until their pods had the chance.
     """
     owned = _owned_counts(pools)
     found: list[Demand] = []
@@ -443,7 +445,11 @@ def demand(
         too_big = total_vms_problem(jobset, settings.max_vms_per_jobset)
         for rjob in replicated_jobs(jobset):
             missing = rjob.replicas - owned.get((meta.namespace, meta.name, meta.uid, rjob.name), 0)
-            if missing <= 0:
+            # Admitted just now, its pods go to any free pool of their shape, not to the ones made
+            # for them (they select the shape's node labels, never a pool): seen on the real stack,
+            # a pool of a finished JobSet cordoned for deletion as the leader of a JobSet with pools
+            # of its own bound there, and its follower, pinned there by exclusive placement, pending.
+            if missing <= 0 and not admitted:
                 continue
             try:
                 request = declared_request(jobset, rjob.name, 0)
@@ -457,8 +463,11 @@ def demand(
                 shapes = _shapes(settings, request, policy)
             except (NotEligible, Refused, catalog.UnsupportedShape):
                 continue
-            just = "admitted just now, " if admitted else ""
-            who = f"{meta.namespace}/{meta.name} {rjob.name} ({just}{missing} slice(s) without a pool)"
+            if admitted and missing <= 0:
+                state = "admitted just now, its pods perhaps not bound yet"
+            else:
+                state = ("admitted just now, " if admitted else "") + f"{missing} slice(s) without a pool"
+            who = f"{meta.namespace}/{meta.name} {rjob.name} ({state})"
             found.append(Demand(shapes, meta.namespace, meta.name, meta.uid, who, admitted))
     return found
 

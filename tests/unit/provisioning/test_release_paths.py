@@ -484,13 +484,32 @@ def test_a_pool_is_not_deleted_while_a_jobset_admitted_just_now_may_land_on_it(
     assert owner(gke, pool)[0] == "c"
 
 
-def test_a_jobset_admitted_long_ago_or_with_pools_of_its_own_defers_nothing(
-    gke: FakeGke, kube: FakeKube
-) -> None:
+def test_a_jobset_admitted_long_ago_defers_nothing(gke: FakeGke, kube: FakeKube) -> None:
     a = tpu_jobset("a", "team-a", replicas=1)
     [pool] = with_pools(gke, kube, a)
     finish(kube, "a", when=ago(5))
     _admitted_now(kube, "c", ago(600))
+    assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
+
+
+def test_a_jobset_admitted_just_now_with_pools_of_its_own_still_defers_the_delete(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # The admission check bought C its own pool, but C's pods select the shape, not that pool: the
+    # scheduler may bind C's leader to A's free pool, and exclusive placement pins its followers
+    # there. A cordon now would leave them Pending (seen on the real stack), so A's pool waits.
+    a = tpu_jobset("a", "team-a", replicas=1)
+    [pool] = with_pools(gke, kube, a)
+    finish(kube, "a", when=ago(5))
+    c = _admitted_now(kube, "c", ago(2))
+    spec, _ = build_node_pool(SETTINGS, slice_request(expand_pods(c)[0]), gke.get_cluster(CLUSTER))
+    gke.create_node_pool(CLUSTER, spec, "the admission check of team-a/c")
+
+    with pytest.raises(TransientError, match="admitted just now, its pods perhaps not bound yet"):
+        Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed")
+    assert pool.name in gke.pools[CLUSTER] and schedulable(kube, pool)
+    # Half a minute after the admission its pods had their chance: the pool goes.
+    _admitted_now(kube, "c", ago(60))
     assert Releaser(SETTINGS, gke, kube).release("team-a", "a", "", "JobSet completed") == [pool.name]
 
 
