@@ -374,6 +374,30 @@ def jobset_delete_audit_entry(
     }
 
 
+def cluster_operation_entry(
+    cluster: ClusterId,
+    method: str = "google.container.v1.ClusterManager.CreateCluster",
+    last: bool = True,
+    status_code: int = 0,
+    when: datetime | None = None,
+) -> dict[str, Any]:
+    """The Admin Activity entry GKE writes for a cluster operation (``CreateCluster`` by default):
+    its first entry as the operation starts (``last`` False) or its last as it ends, which the
+    setup sink routes (``sinks/cluster-created.filter``)."""
+    resource_name = f"projects/{cluster.project}/zones/{cluster.location}/clusters/{cluster.name}"
+    return _gke_operation_entry(
+        cluster,
+        method,
+        resource_name,
+        _resource(cluster, "gke_cluster"),
+        "admin@example.com",
+        "",
+        last,
+        status_code,
+        when,
+    )
+
+
 def nodepool_operation_entry(
     cluster: ClusterId,
     pool: str,
@@ -385,14 +409,39 @@ def nodepool_operation_entry(
     when: datetime | None = None,
 ) -> dict[str, Any]:
     """GKE's Admin Activity audit entry for a node-pool operation: its start, or with ``last`` its end."""
-    when = when or _now()
     resource_name = (
         f"projects/{cluster.project}/locations/{cluster.location}/clusters/{cluster.name}/nodePools/{pool}"
     )
+    return _gke_operation_entry(
+        cluster,
+        f"google.container.v1.ClusterManager.{method}",
+        resource_name,
+        _resource(cluster, "gke_nodepool", nodepool_name=pool),
+        principal,
+        operation,
+        last,
+        status_code,
+        when,
+    )
+
+
+def _gke_operation_entry(
+    cluster: ClusterId,
+    method_name: str,
+    resource_name: str,
+    resource: dict[str, Any],
+    principal: str,
+    operation: str,
+    last: bool,
+    status_code: int,
+    when: datetime | None,
+) -> dict[str, Any]:
+    """An Admin Activity entry of one GKE long-running operation (its first or its last entry)."""
+    when = when or _now()
     proto: dict[str, Any] = {
         "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
         "authenticationInfo": {"principalEmail": principal},
-        "methodName": f"google.container.v1.ClusterManager.{method}",
+        "methodName": method_name,
         "resourceName": resource_name,
         "serviceName": "container.googleapis.com",
     }
@@ -408,7 +457,7 @@ def nodepool_operation_entry(
         },
         "protoPayload": proto,
         "receiveTimestamp": format_timestamp(when + _RECEIVE_DELAY),
-        "resource": _resource(cluster, "gke_nodepool", nodepool_name=pool),
+        "resource": resource,
         "severity": "ERROR" if status_code else "NOTICE",
         "timestamp": format_timestamp(when),
     }

@@ -31,6 +31,7 @@ from sandbox.testing.fnclient import LoggedFunction, served_function
 from sandbox.testing.gke import rest_client
 from shared.core import labels
 from shared.core.settings import Settings, fleet_context
+from shared.events import entries as logentries
 from shared.events.envelope import ClusterId
 from tests.functions.deliveries import pending_event
 from tpuprov.cluster import fleet_clusters
@@ -395,30 +396,6 @@ def test_apply_kueue_applies_to_the_cluster_the_message_names_and_refuses_an_out
     assert queues() != before
 
 
-def _cluster_created(cluster: ClusterId) -> dict[str, Any]:
-    """The last Admin Activity entry of a finished ``CreateCluster`` of ``cluster``, as the setup
-    sink routes it (``sinks/``)."""
-    return {
-        "logName": f"projects/{cluster.project}/logs/cloudaudit.googleapis.com%2Factivity",
-        "protoPayload": {
-            "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-            "serviceName": "container.googleapis.com",
-            "methodName": "google.container.v1.ClusterManager.CreateCluster",
-            "resourceName": f"projects/{cluster.project}/zones/{cluster.location}/clusters/{cluster.name}",
-        },
-        "resource": {
-            "type": "gke_cluster",
-            "labels": {
-                "project_id": cluster.project,
-                "location": cluster.location,
-                "cluster_name": cluster.name,
-            },
-        },
-        "operation": {"id": "operation-7", "producer": "container.googleapis.com", "last": True},
-        "severity": "NOTICE",
-    }
-
-
 def test_setup_installs_on_a_cluster_created_with_the_fleet_label_at_once(
     gke: GkeEmulator, serve: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -446,11 +423,11 @@ def test_setup_installs_on_a_cluster_created_with_the_fleet_label_at_once(
     monkeypatch.setattr(setup_handlers, "Installer", RecordingInstaller)
     # The deployed TTL: without the fresh listing the labelled cluster would wait five minutes.
     with serve("setup_cluster", fleet_projects=(LABELLED.project,), fleet_discovery_seconds=300) as function:
-        unlabelled = function.function.post_entry(_cluster_created(LABELLED))
+        unlabelled = function.function.post_entry(logentries.cluster_operation_entry(LABELLED))
         assert installed == [] and function.events("setup.ignored")
         label_into_fleet(gke, LABELLED)
-        labelled = function.function.post_entry(_cluster_created(LABELLED))
-        outsider = function.function.post_entry(_cluster_created(OUTSIDER))
+        labelled = function.function.post_entry(logentries.cluster_operation_entry(LABELLED))
+        outsider = function.function.post_entry(logentries.cluster_operation_entry(OUTSIDER))
         done = function.events("setup.done")
     assert (unlabelled.status_code, labelled.status_code, outsider.status_code) == (200, 200, 200)
     assert installed == [LABELLED.path]

@@ -55,33 +55,9 @@ def create_cluster_entry(
     last: bool = True,
     status_code: int = 0,
 ) -> dict[str, Any]:
-    """The GKE Admin Activity entry of a CreateCluster operation (first or last entry)."""
-    proto: dict[str, Any] = {
-        "@type": "type.googleapis.com/google.cloud.audit.AuditLog",
-        "authenticationInfo": {"principalEmail": "admin@example.com"},
-        "methodName": method,
-        "resourceName": f"projects/{cluster.project}/zones/{cluster.location}/clusters/{cluster.name}",
-        "serviceName": "container.googleapis.com",
-    }
-    if status_code:
-        proto["status"] = {"code": status_code, "message": "failed"}
-    return {
-        "insertId": "abc123",
-        "logName": f"projects/{cluster.project}/logs/cloudaudit.googleapis.com%2Factivity",
-        "operation": {"id": "operation-1", "producer": "container.googleapis.com", "last": last}
-        | ({} if last else {"first": True}),
-        "protoPayload": proto,
-        "resource": {
-            "type": "gke_cluster",
-            "labels": {
-                "project_id": cluster.project,
-                "location": cluster.location,
-                "cluster_name": cluster.name,
-            },
-        },
-        "severity": "ERROR" if status_code else "NOTICE",
-        "timestamp": "2026-05-01T12:00:00Z",
-    }
+    """The GKE Admin Activity entry of a CreateCluster operation of ``cluster`` (first or last entry)."""
+    when = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    return logentries.cluster_operation_entry(cluster, method, last, status_code, when)
 
 
 PENDING = [

@@ -17,7 +17,7 @@ from shared.provisioning.admission.check import AdmissionChecker
 from shared.provisioning.release.releaser import Releaser
 from shared.provisioning.services import Services
 from shared.tpu.jobsets import JobSet, expand_pods
-from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo
+from shared.tpu.nodepools import STATUS_ERROR, STATUS_RUNNING, NodePoolInfo, NodePoolSpec
 from shared.tpu.slices import build_node_pool, slice_request
 from tests.unit.provisioning.test_admission_check import (
     CHECK,
@@ -80,16 +80,22 @@ def test_a_queue_whose_check_covers_other_flavors_is_left_to_the_pending_pod_pat
     assert result.state == "" and gke.count("create") == 0 and kube.check_writes == []
 
 
-def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
-    gke: FakeGke, kube: FakeKube
-) -> None:
-    # A finished JobSet's pool that release keeps idle for a queued JobSet of its shape.
+def _finished_jobsets_pool(gke: FakeGke, kube: FakeKube) -> NodePoolSpec:
+    """JobSet team-a/old completed a minute ago; its one pool is RUNNING (its Nodes are the test's)."""
     old = tpu_jobset("old", "team-a", replicas=1, uid="old-uid")
     old["status"] = {"conditions": [{"type": "Completed", "status": "True", "lastTransitionTime": ago(60)}]}
     kube.add_jobset(old)
     spec, _ = build_node_pool(SETTINGS, slice_request(expand_pods(old)[0]), gke.get_cluster(CLUSTER))
     gke.create_node_pool(CLUSTER, spec, "test")
     gke.mark(CLUSTER, spec.name, STATUS_RUNNING)
+    return spec
+
+
+def test_an_idle_pool_of_the_shape_is_handed_over_before_anything_is_created(
+    gke: FakeGke, kube: FakeKube
+) -> None:
+    # A finished JobSet's pool that release keeps idle for a queued JobSet of its shape.
+    spec = _finished_jobsets_pool(gke, kube)
     idle = gke.pools[CLUSTER][spec.name]
     gke.pools[CLUSTER][spec.name] = dataclasses.replace(
         idle, labels={**idle.labels, labels.IDLE_SINCE: str(int(time.time()) - 30)}
@@ -121,12 +127,7 @@ def test_a_pool_stamped_idle_for_the_jobset_while_its_pools_are_bought_goes(
     # The check listed the pools (the old JobSet's was not stamped yet), then the old JobSet's
     # release stamped it idle for this Workload's JobSet, then the check created its own. The check
     # reads the pools again after its creates and judges the stamped one: nobody else waits for it.
-    old = tpu_jobset("old", "team-a", replicas=1, uid="old-uid")
-    old["status"] = {"conditions": [{"type": "Completed", "status": "True", "lastTransitionTime": ago(60)}]}
-    kube.add_jobset(old)
-    spec, _ = build_node_pool(SETTINGS, slice_request(expand_pods(old)[0]), gke.get_cluster(CLUSTER))
-    gke.create_node_pool(CLUSTER, spec, "test")
-    gke.mark(CLUSTER, spec.name, STATUS_RUNNING)
+    spec = _finished_jobsets_pool(gke, kube)
     kube.add_pool_nodes(gke.pools[CLUSTER][spec.name])
     create = gke.create_node_pool
 
